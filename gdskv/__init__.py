@@ -1,0 +1,87 @@
+"""gdskv: a tiered KV-cache store for LLM serving (GPU HBM, host DRAM, local NVMe).
+
+Quick start::
+
+    import gdskv
+    with gdskv.open("/tmp/kv", dram="2GiB", ssd="20GiB") as store:
+        store.put("block-0", b"...")
+        value = store.get("block-0")        # bytearray, or None on a miss
+        store.flush()                       # wait until queued offloads are on SSD
+
+``import gdskv`` imports no GPU, RDMA or engine package.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from gdskv.config import StoreConfig, env_overrides, format_size, parse_size
+from gdskv.errors import (
+    ConfigError,
+    CorruptionError,
+    FormatVersionError,
+    GdskvError,
+    InvalidKeyError,
+    InvalidValueError,
+    IoError,
+    KeyExistsError,
+    NoSpaceError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from gdskv.store import CheckReport, Store
+from gdskv.types import Tier
+
+__version__ = "0.1.0"
+
+
+def open(  # noqa: A001 - mirrors the builtin on purpose: gdskv.open(path)
+    path: "str | os.PathLike[str]",
+    *,
+    dram: "int | str | None" = None,
+    ssd: "int | str | None" = None,
+    config: Optional[StoreConfig] = None,
+    **options: Any,
+) -> Store:
+    """Open (or create) a store in directory ``path``.
+
+    ``dram`` and ``ssd`` are capacities (``"2GiB"`` or bytes; ``ssd=0`` disables the NVMe
+    tier); other keyword options are :class:`StoreConfig` fields. Precedence, lowest first:
+    ``config`` (or the defaults), ``GDSKV_*`` environment variables, explicit arguments.
+    Reopening a directory recovers every intact object on NVMe.
+    """
+    fields = dict(env_overrides())
+    if dram is not None:
+        fields["dram_bytes"] = parse_size(dram, field="dram")
+    if ssd is not None:
+        fields["ssd_bytes"] = parse_size(ssd, field="ssd")
+    fields.update(options)
+    base = config if config is not None else StoreConfig()
+    try:
+        cfg = base.replace(**fields)
+    except TypeError as exc:  # an unknown keyword
+        raise ConfigError("unknown store option", cause=str(exc)) from None
+    return Store(path, cfg)
+
+
+__all__ = [
+    "CheckReport",
+    "ConfigError",
+    "CorruptionError",
+    "FormatVersionError",
+    "GdskvError",
+    "InvalidKeyError",
+    "InvalidValueError",
+    "IoError",
+    "KeyExistsError",
+    "NoSpaceError",
+    "Store",
+    "StoreClosedError",
+    "StoreConfig",
+    "StoreLockedError",
+    "Tier",
+    "format_size",
+    "open",
+    "parse_size",
+]

@@ -1,0 +1,191 @@
+"""Store configuration: one frozen, keyword-only dataclass, validated on construction.
+
+Sizes are bytes inside the library; strings such as ``"8GiB"`` are parsed at the edge with
+:func:`parse_size`. Environment overrides (``GDSKV_*``) are read in one place,
+:func:`env_overrides`, and applied by :func:`gdskv.open`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Mapping, Optional, Union
+
+from gdskv.errors import ConfigError
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": KiB,
+    "m": 1000**2, "mb": 1000**2, "mib": MiB,
+    "g": 1000**3, "gb": 1000**3, "gib": GiB,
+    "t": 1000**4, "tb": 1000**4, "tib": TiB,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+Size = Union[int, str]
+
+EVICTION_POLICIES = ("lru", "fifo")
+OFFLOAD_POLICIES = ("eager", "watermark")
+BACKENDS = ("bucket",)
+IO_ENGINES = ("psync",)
+
+
+def parse_size(value: Size, *, field: str = "size") -> int:
+    """Parse ``"2GiB"``, ``"512 MB"``, ``"4096"`` or an int into a byte count (>= 0).
+
+    Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB)
+    powers of 1000. Raises :class:`ConfigError` naming ``field`` for anything else.
+    """
+    if isinstance(value, bool):
+        raise ConfigError("size must be an int or a string like '8GiB'", field=field, got=value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError("size must not be negative", field=field, got=value)
+        return value
+    if not isinstance(value, str):
+        raise ConfigError("size must be an int or a string like '8GiB'", field=field, got=value)
+    match = _SIZE_RE.match(value)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ConfigError("unparsable size; use e.g. '512MiB', '8GiB', '4096'", field=field, got=value)
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    """Render a byte count with a binary unit, e.g. ``2.0 GiB``."""
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise a ConfigError listing them."""
+    if value not in choices:
+        raise ConfigError(f"unknown {name}", got=value, valid=", ".join(choices))
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """Everything that shapes a :class:`gdskv.Store`. All sizes are in bytes."""
+
+    #: Capacity of the host DRAM tier (one arena allocated once). Default 2 GiB.
+    dram_bytes: int = 2 * GiB
+    #: Byte cap of the NVMe tier; 0 disables it (a DRAM-only cache). Default 20 GiB.
+    ssd_bytes: int = 20 * GiB
+    #: Object-level eviction in DRAM: "lru" or "fifo". Default "lru".
+    eviction: str = "lru"
+    #: Bucket-level eviction on NVMe: "fifo" or "lru". Default "fifo".
+    ssd_eviction: str = "fifo"
+    #: When values go to SSD: "eager" (every put, in the background) or "watermark"
+    #: (only when DRAM crosses ``high_watermark``, down to ``low_watermark``). Default "eager".
+    offload: str = "eager"
+    #: DRAM usage fraction that starts watermark offload and gates promotion. Default 0.9.
+    high_watermark: float = 0.9
+    #: DRAM usage fraction that watermark offload evicts down to. Default 0.7.
+    low_watermark: float = 0.7
+    #: Storage layout on NVMe. Default "bucket".
+    backend: str = "bucket"
+    #: I/O engine that moves bytes to and from NVMe. Default "psync".
+    io_engine: str = "psync"
+    #: Worker threads of the psync engine. Default 4.
+    io_threads: int = 4
+    #: A bucket is sealed once it holds this many bytes... Default 64 MiB.
+    bucket_bytes: int = 64 * MiB
+    #: ...or this many objects... Default 1024.
+    bucket_max_keys: int = 1024
+    #: ...or once its oldest object has waited this long (seconds), so no key is left
+    #: behind in a partly filled bucket. Default 0.2.
+    bucket_max_age_s: float = 0.2
+    #: An NVMe-only object read this many times is promoted back into DRAM (0 = never).
+    #: Default 2.
+    promote_after_reads: int = 2
+    #: How long a put waits for DRAM space before raising NoSpaceError (seconds). Default 10.
+    put_timeout_s: float = 10.0
+    #: Open-time verification of sealed buckets: "index" (index checksums and file sizes;
+    #: values are verified on every read) or "full" (also every value's checksum). Default "index".
+    verify_on_open: str = "index"
+
+    def __post_init__(self) -> None:
+        for name in ("dram_bytes", "ssd_bytes", "bucket_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, parse_size(value, field=name))
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError("must be a non-negative byte count", field=name, got=value)
+        if self.dram_bytes <= 0:
+            raise ConfigError("the DRAM tier needs a positive capacity", field="dram_bytes", got=self.dram_bytes)
+        check_choice("eviction policy", self.eviction, EVICTION_POLICIES)
+        check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES)
+        check_choice("offload policy", self.offload, OFFLOAD_POLICIES)
+        check_choice("backend", self.backend, BACKENDS)
+        check_choice("io engine", self.io_engine, IO_ENGINES)
+        check_choice("verify_on_open", self.verify_on_open, ("index", "full"))
+        if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
+            raise ConfigError(
+                "watermarks must satisfy 0 < low <= high <= 1",
+                low_watermark=self.low_watermark,
+                high_watermark=self.high_watermark,
+            )
+        _positive("io_threads", self.io_threads)
+        _positive("bucket_bytes", self.bucket_bytes)
+        _positive("bucket_max_keys", self.bucket_max_keys)
+        if self.bucket_max_age_s <= 0:
+            raise ConfigError("must be positive", field="bucket_max_age_s", got=self.bucket_max_age_s)
+        if self.promote_after_reads < 0:
+            raise ConfigError("must be >= 0", field="promote_after_reads", got=self.promote_after_reads)
+        if self.put_timeout_s < 0:
+            raise ConfigError("must be >= 0", field="put_timeout_s", got=self.put_timeout_s)
+
+    @property
+    def has_ssd(self) -> bool:
+        return self.ssd_bytes > 0
+
+    def replace(self, **changes: Any) -> "StoreConfig":
+        """Return a copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError("must be a positive integer", field=name, got=value)
+
+
+#: Environment variables read by :func:`env_overrides`, and the field each sets.
+ENV_FIELDS = {
+    "GDSKV_DRAM": "dram_bytes",
+    "GDSKV_SSD": "ssd_bytes",
+    "GDSKV_EVICTION": "eviction",
+    "GDSKV_SSD_EVICTION": "ssd_eviction",
+    "GDSKV_OFFLOAD": "offload",
+    "GDSKV_BACKEND": "backend",
+    "GDSKV_IO_ENGINE": "io_engine",
+    "GDSKV_IO_THREADS": "io_threads",
+}
+
+
+def env_overrides(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """Read the ``GDSKV_*`` variables of :data:`ENV_FIELDS` into config field values."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for var, field in ENV_FIELDS.items():
+        raw = environ.get(var)
+        if raw is None or raw == "":
+            continue
+        if field.endswith("_bytes"):
+            out[field] = parse_size(raw, field=var)
+        elif field == "io_threads":
+            try:
+                out[field] = int(raw)
+            except ValueError:
+                raise ConfigError("must be an integer", field=var, got=raw) from None
+        else:
+            out[field] = raw
+    return out

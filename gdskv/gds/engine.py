@@ -1,0 +1,125 @@
+"""The I/O engine protocol: move bytes between files and buffers, in batches.
+
+An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backend decides
+*where* bytes go and hands the engine a batch of :class:`IoRequest` s:
+
+- ``submit(requests) -> IoFuture``: start every request of the batch (reads fill their
+  buffers, writes drain theirs) and return at once. Buffers must stay alive and unchanged
+  until the future completes.
+- ``IoFuture.result(timeout=None) -> list[int]``: the byte count of each request, in order,
+  once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
+  makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths.
+  Futures also offer ``done()`` and can be awaited from asyncio.
+- ``close()``: idempotent; later submits raise :class:`StoreClosedError`.
+
+Engines: ``psync`` (a thread pool of ``os.preadv``/``os.pwritev``; always available) and
+:class:`MemoryEngine`-style test doubles. io_uring and kvikio engines implement the same
+protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import enum
+from typing import Any, Generator, List, Optional, Sequence, Union
+
+
+class IoOp(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+
+
+@dataclasses.dataclass(frozen=True)
+class IoRequest:
+    """One vectored read or write at ``offset`` of the open file ``fd``.
+
+    ``buffers`` are byte views (writable ones for reads); their lengths add up to the
+    transfer size. ``path`` is only used in error messages.
+    """
+
+    op: IoOp
+    fd: int
+    offset: int
+    buffers: Sequence[memoryview]
+    path: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    @classmethod
+    def read(cls, fd: int, offset: int, *buffers: memoryview, path: str = "") -> "IoRequest":
+        return cls(IoOp.READ, fd, offset, buffers, path)
+
+    @classmethod
+    def write(cls, fd: int, offset: int, *buffers: memoryview, path: str = "") -> "IoRequest":
+        return cls(IoOp.WRITE, fd, offset, buffers, path)
+
+
+class IoFuture:
+    """Completion of one submitted batch; wraps per-request concurrent futures."""
+
+    def __init__(self, parts: List["concurrent.futures.Future[int]"]) -> None:
+        self._parts = parts
+
+    @classmethod
+    def completed(cls, counts: List[int]) -> "IoFuture":
+        parts = []
+        for count in counts:
+            fut: "concurrent.futures.Future[int]" = concurrent.futures.Future()
+            fut.set_result(count)
+            parts.append(fut)
+        return cls(parts)
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> "IoFuture":
+        fut: "concurrent.futures.Future[int]" = concurrent.futures.Future()
+        fut.set_exception(exc)
+        return cls([fut])
+
+    def done(self) -> bool:
+        return all(p.done() for p in self._parts)
+
+    def result(self, timeout: Optional[float] = None) -> List[int]:
+        """Wait for every request; raise the first request's error, if any."""
+        concurrent.futures.wait(self._parts, timeout=timeout)
+        return [p.result(timeout=0) for p in self._parts]
+
+    def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
+        """Wait for every request; return each one's byte count or its exception."""
+        concurrent.futures.wait(self._parts, timeout=timeout)
+        return [p.exception(timeout=0) or p.result(timeout=0) for p in self._parts]
+
+    def __await__(self) -> Generator[Any, None, List[int]]:
+        wrapped = [asyncio.wrap_future(p) for p in self._parts]
+        results = yield from asyncio.gather(*wrapped).__await__()
+        return list(results)
+
+
+class IoEngine:
+    """Base class of the I/O engines. Subclasses implement :meth:`submit` and :meth:`close`."""
+
+    #: Registered name ("psync", "uring", "kvikio").
+    name = "base"
+
+    def submit(self, requests: Sequence[IoRequest]) -> IoFuture:  # pragma: no cover
+        raise NotImplementedError
+
+    def run(self, requests: Sequence[IoRequest]) -> List[int]:
+        """Submit and wait: the synchronous form of :meth:`submit`."""
+        return self.submit(requests).result()
+
+    def describe(self) -> dict[str, Any]:
+        """What :meth:`gdskv.Store.stats` shows about this engine."""
+        return {"name": self.name}
+
+    def close(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def __enter__(self) -> "IoEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,750 @@
+"""The local tiered store: DRAM in front, NVMe behind, embeddable, no network.
+
+Contracts of the public API (all methods are thread-safe):
+
+- ``put(key, value, overwrite=False)``: the value is copied into DRAM and readable when the
+  call returns; it never waits for SSD. Putting the same bytes again is a no-op; different
+  bytes under an existing key raise :class:`KeyExistsError` unless ``overwrite``. When DRAM
+  is full and nothing can be evicted yet, the put waits up to ``put_timeout_s`` for the
+  offloader to make room, then raises :class:`NoSpaceError`. Nothing acknowledged is
+  dropped silently: an object leaves DRAM only once its SSD copy is COMPLETE (or, without
+  an SSD tier, by eviction — the cache's job, counted in ``stats()``).
+- ``get(key) -> bytearray | None`` and ``get_into(key, out) -> int | None``: the value, or
+  the number of bytes written into ``out``; ``None`` is a miss. A value read from SSD is
+  verified against its CRC32C before it is handed out; a mismatch is a miss (counted,
+  logged, the replica dropped).
+- ``batch_put``, ``batch_get_into``, ``batch_exists``: the batch forms; NVMe reads of a batch
+  go to the I/O engine in one submission.
+- ``exists(key)``, ``remove(key) -> bool``, ``flush()``, ``check()``, ``stats()``,
+  ``close()`` (idempotent; also a context manager).
+
+Offload: ``eager`` queues every put for SSD; ``watermark`` queues the coldest objects when
+DRAM usage passes the high watermark and evicts down to the low one. A background thread
+packs queued objects into buckets (sealed when full, when ``bucket_max_keys`` is reached, or
+when the oldest has waited ``bucket_max_age_s``). An NVMe object read
+``promote_after_reads`` times is copied back into DRAM while DRAM is below its high
+watermark.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Deque, List, Optional, Sequence
+
+from gdskv.config import StoreConfig, format_size
+from gdskv.errors import (
+    ConfigError,
+    FormatVersionError,
+    GdskvError,
+    InvalidValueError,
+    IoError,
+    KeyExistsError,
+    NoSpaceError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from gdskv.gds import make_engine
+from gdskv.metrics import Counters, rate
+from gdskv.tiers.backends import make_backend
+from gdskv.tiers.backends.files import write_file_atomic
+from gdskv.tiers.backends.record import FORMAT_VERSION, checksum, record_size
+from gdskv.tiers.dram import DramEntry, DramTier, SsdState
+from gdskv.tiers.policies import make_policy
+from gdskv.types import Key, Tier, byte_view, encode_key
+
+log = logging.getLogger(__name__)
+
+META_FILE = "gdskv.json"
+LOCK_FILE = "LOCK"
+OFFLOAD_RETRY_S = 1.0
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """Result of :meth:`Store.check`."""
+
+    dram_objects: int
+    nvme_objects: int
+    corrupt_keys: List[bytes]
+
+    @property
+    def ok(self) -> bool:
+        return not self.corrupt_keys
+
+
+class Store:
+    """A DRAM + NVMe tiered key-value store for KV-cache blocks. Open with :func:`gdskv.open`."""
+
+    def __init__(self, path: "str | os.PathLike[str]", config: StoreConfig) -> None:
+        self.path = Path(path)
+        self.config = config
+        self._lock_fd = _open_directory(self.path, config)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._counters = Counters()
+        self._closed = False
+        self._closing = False
+        self._pending: Deque[DramEntry] = collections.deque()
+        self._pending_bytes = 0
+        self._inflight: List[DramEntry] = []
+        self._flush_waiters = 0
+        self._space_waiters = 0
+        self._offload_error: Optional[GdskvError] = None
+        self._offload_failures = 0
+        self._offload_paused_until = 0.0
+        self._nvme_reads: dict[bytes, int] = {}
+        self._engine = None
+        self._backend = None
+        self._offloader: Optional[threading.Thread] = None
+        try:
+            self._dram = DramTier(config.dram_bytes, make_policy(config.eviction))
+            self.recovery = None
+            if config.has_ssd:
+                self._engine = make_engine(config.io_engine, threads=config.io_threads)
+                self._backend = make_backend(
+                    config.backend,
+                    self.path,
+                    self._engine,
+                    capacity=config.ssd_bytes,
+                    eviction=config.ssd_eviction,
+                    verify_on_open=config.verify_on_open,
+                )
+                self.recovery = self._backend.recover()
+                self._offloader = threading.Thread(target=self._offload_loop, name="gdskv-offload", daemon=True)
+                self._offloader.start()
+        except BaseException:
+            self._release_resources()
+            raise
+
+    # ================================================================== writes
+
+    def put(self, key: Key, value: Any, *, overwrite: bool = False) -> None:
+        """Store ``value`` (any contiguous host buffer) under ``key``. See the module docstring."""
+        k = encode_key(key)
+        view = byte_view(value)
+        self._check_value_size(k, view.nbytes)
+        crc = checksum(k, view)
+        deadline = time.monotonic() + self.config.put_timeout_s
+        with self._lock:
+            self._check_open()
+            if self._settle_existing(k, view.nbytes, crc, overwrite):
+                return
+            entry = self._reserve(k, view.nbytes, crc, deadline)
+        try:
+            t0 = time.perf_counter()
+            self._dram.write(entry, view)
+            elapsed = time.perf_counter() - t0
+        except BaseException:
+            with self._lock:
+                self._dram.detach(entry)
+            raise
+        with self._lock:
+            self._counters.add("puts")
+            self._counters.add("put_bytes", entry.size)
+            self._counters.add("put_seconds", elapsed)
+            if entry.detached:  # overwritten or removed while we copied
+                self._dram.release(entry)
+                return
+            self._dram.commit(entry)
+            if self._backend is not None:
+                if self.config.offload == "eager":
+                    self._enqueue(entry)
+                elif self._dram.used > self.config.high_watermark * self._dram.capacity:
+                    self._cond.notify_all()
+
+    def batch_put(self, keys: Sequence[Key], values: Sequence[Any], *, overwrite: bool = False) -> None:
+        """Put each ``(key, value)`` pair; stops at the first error (earlier pairs stay stored)."""
+        if len(keys) != len(values):
+            raise InvalidValueError("keys and values differ in length", keys=len(keys), values=len(values))
+        for key, value in zip(keys, values):
+            self.put(key, value, overwrite=overwrite)
+
+    def remove(self, key: Key) -> bool:
+        """Forget ``key`` in every tier, durably. Returns whether it was stored."""
+        k = encode_key(key)
+        with self._lock:
+            self._check_open()
+            return self._remove_locked(k)
+
+    def _remove_locked(self, k: bytes) -> bool:
+        found = False
+        entry = self._dram.lookup(k)
+        if entry is not None:
+            found = entry.complete
+            self._dram.detach(entry)
+        if self._backend is not None and self._backend.remove(k):
+            found = True
+        self._nvme_reads.pop(k, None)
+        if found:
+            self._counters.add("removes")
+        return found
+
+    def _check_value_size(self, k: bytes, size: int) -> None:
+        limit = self._dram.capacity
+        if size > limit:
+            raise InvalidValueError("value larger than the DRAM tier", key=k[:64], size=size, capacity=limit)
+        if self._backend is not None and record_size(len(k), size) > self.config.ssd_bytes:
+            raise InvalidValueError(
+                "value larger than the NVMe tier", key=k[:64], size=size, capacity=self.config.ssd_bytes
+            )
+
+    def _settle_existing(self, k: bytes, size: int, crc: int, overwrite: bool) -> bool:
+        """Handle a put of a key that may exist. True: nothing more to do (same bytes)."""
+        entry = self._dram.lookup(k)
+        info = self._backend.lookup(k) if self._backend is not None else None
+        same = (entry is not None and (entry.size, entry.crc) == (size, crc)) or (
+            entry is None and info is not None and (info.size, info.crc) == (size, crc)
+        )
+        if entry is None and info is None:
+            return False
+        if same:
+            self._counters.add("puts_idempotent")
+            return True
+        if not overwrite:
+            raise KeyExistsError(
+                "a different value is stored under this key (pass overwrite=True to replace it)", key=k[:64]
+            )
+        self._remove_locked(k)
+        return False
+
+    def _reserve(self, k: bytes, size: int, crc: int, deadline: float) -> DramEntry:
+        """Make room for and reserve a DRAM entry, waiting for the offloader if needed."""
+        while True:
+            entry = self._dram.reserve(k, size, crc)
+            if entry is not None:
+                return entry
+            if self._evict_dram(until=lambda: self._dram.allocator.largest_free >= self._dram.allocator.rounded(size)):
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._counters.add("put_no_space")
+                raise NoSpaceError(
+                    "DRAM full and nothing evictable in time",
+                    key=k[:64],
+                    size=size,
+                    dram_used=self._dram.used,
+                    dram_capacity=self._dram.capacity,
+                    offload_pending=len(self._pending) + len(self._inflight),
+                    offload_error=str(self._offload_error) if self._offload_error else None,
+                )
+            self._counters.add("put_waits")
+            self._space_waiters += 1
+            self._cond.notify_all()
+            try:
+                self._cond.wait(remaining)
+            finally:
+                self._space_waiters -= 1
+            self._check_open()
+
+    def _evictable(self, entry: DramEntry) -> bool:
+        return self._backend is None or entry.ssd in (SsdState.ON_SSD, SsdState.LOST)
+
+    def _evict_dram(self, until) -> bool:
+        """Evict evictable entries in policy order until ``until()``; True if it now holds."""
+        while not until():
+            victim = next(self._dram.victims(self._evictable), None)
+            if victim is None:
+                return False
+            self._counters.add("dram_evicted" if victim.ssd is SsdState.ON_SSD else "dram_dropped")
+            self._counters.add("dram_evicted_bytes", victim.size)
+            self._nvme_reads.pop(victim.key, None)
+            self._dram.detach(victim)
+        return True
+
+    # ================================================================== reads
+
+    def get(self, key: Key) -> Optional[bytearray]:
+        """Return a new buffer holding the value of ``key``, or None on a miss."""
+        k = encode_key(key)
+        for _ in range(3):  # the value may be replaced by one of another size meanwhile
+            with self._lock:
+                self._check_open()
+                size = self._size_of(k)
+            if size is None:
+                with self._lock:
+                    self._counters.add("misses")
+                return None
+            buf = bytearray(size)
+            try:
+                n = self._get_into(k, memoryview(buf))
+            except InvalidValueError:
+                continue
+            if n is None:
+                return None
+            if n == size:
+                return buf
+        return None
+
+    def get_into(self, key: Key, out: Any) -> Optional[int]:
+        """Copy the value of ``key`` into ``out`` (writable, at least the value's size).
+
+        Returns the value's size, or None on a miss. Raises InvalidValueError when ``out``
+        is too small (nothing is written then).
+        """
+        k = encode_key(key)
+        view = byte_view(out, writable=True, what="out")
+        return self._get_into(k, view)
+
+    def _get_into(self, k: bytes, view: memoryview) -> Optional[int]:
+        return self._read_batch([k], [view])[0]
+
+    def batch_get_into(self, keys: Sequence[Key], outs: Sequence[Any]) -> List[Optional[int]]:
+        """``get_into`` for many keys; NVMe reads go out as one batch. None marks a miss."""
+        if len(keys) != len(outs):
+            raise InvalidValueError("keys and outs differ in length", keys=len(keys), outs=len(outs))
+        ks = [encode_key(k) for k in keys]
+        views = [byte_view(o, writable=True, what="out") for o in outs]
+        return self._read_batch(ks, views)
+
+    def _read_batch(self, ks: List[bytes], views: List[memoryview]) -> List[Optional[int]]:
+        results: List[Optional[int]] = [None] * len(ks)
+        dram_hits: List[tuple[int, DramEntry]] = []
+        nvme: List[int] = []
+        with self._lock:
+            self._check_open()
+            for i, k in enumerate(ks):  # validate everything before pinning anything
+                size = self._size_of(k)
+                if size is not None and views[i].nbytes < size:
+                    raise InvalidValueError("out is smaller than the value", key=k[:64], size=size, got=views[i].nbytes)
+            for i, k in enumerate(ks):
+                entry = self._dram.readable(k)
+                if entry is not None:
+                    entry.readers += 1
+                    self._dram.touch(entry)
+                    dram_hits.append((i, entry))
+                elif self._backend is not None:
+                    nvme.append(i)
+                else:
+                    self._counters.add("misses")
+        t0 = time.perf_counter()
+        try:
+            for i, entry in dram_hits:
+                self._dram.read_into(entry, views[i])
+                results[i] = entry.size
+        finally:
+            elapsed = time.perf_counter() - t0
+            with self._lock:
+                for _, entry in dram_hits:
+                    entry.readers -= 1
+                    self._dram.release(entry)
+                self._count_reads(Tier.DRAM, len(dram_hits), sum(e.size for _, e in dram_hits), elapsed)
+        if nvme:
+            self._read_nvme(ks, views, nvme, results)
+        return results
+
+    def _read_nvme(self, ks: List[bytes], views: List[memoryview], idx: List[int], results: List[Optional[int]]) -> None:
+        assert self._backend is not None
+        t0 = time.perf_counter()
+        sizes = self._backend.read_batch([(ks[i], views[i]) for i in idx])
+        elapsed = time.perf_counter() - t0
+        hits = [(i, n) for i, n in zip(idx, sizes) if n is not None]
+        with self._lock:
+            self._count_reads(Tier.NVME, len(hits), sum(n for _, n in hits), elapsed)
+            self._counters.add("misses", len(idx) - len(hits))
+        for i, n in hits:
+            results[i] = n
+            self._maybe_promote(ks[i], views[i][:n])
+
+    def _count_reads(self, tier: Tier, count: int, nbytes: int, seconds: float) -> None:
+        if count:
+            self._counters.add(f"{tier.value}_hits", count)
+            self._counters.add(f"{tier.value}_read_bytes", nbytes)
+            self._counters.add(f"{tier.value}_read_seconds", seconds)
+
+    def _size_of(self, k: bytes) -> Optional[int]:
+        entry = self._dram.readable(k)
+        if entry is not None:
+            return entry.size
+        info = self._backend.lookup(k) if self._backend is not None else None
+        return info.size if info is not None else None
+
+    def _maybe_promote(self, k: bytes, data: memoryview) -> None:
+        """Copy an often-read NVMe object back into DRAM while DRAM has headroom."""
+        threshold = self.config.promote_after_reads
+        if threshold == 0 or self._backend is None:
+            return
+        with self._lock:
+            reads = self._nvme_reads.get(k, 0) + 1
+            self._nvme_reads[k] = reads
+            info = self._backend.lookup(k)
+            if (
+                reads < threshold
+                or info is None
+                or info.size != data.nbytes
+                or self._dram.lookup(k) is not None
+                or self._dram.used + data.nbytes > self.config.high_watermark * self._dram.capacity
+            ):
+                return
+            entry = self._dram.reserve(k, info.size, info.crc)
+            if entry is None:
+                return
+            del self._nvme_reads[k]
+        self._dram.write(entry, data)
+        with self._lock:
+            if entry.detached:
+                self._dram.release(entry)
+                return
+            entry.ssd = SsdState.ON_SSD
+            self._dram.commit(entry)
+            self._counters.add("promoted")
+            self._counters.add("promoted_bytes", entry.size)
+
+    # ================================================================== queries
+
+    def exists(self, key: Key) -> bool:
+        """Whether ``key`` is stored in any tier."""
+        return self.batch_exists([key])[0]
+
+    def batch_exists(self, keys: Sequence[Key]) -> List[bool]:
+        ks = [encode_key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            return [self._size_of(k) is not None for k in ks]
+
+    def __contains__(self, key: Key) -> bool:
+        return self.exists(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            keys = {k for k, e in self._dram.entries.items() if e.complete}
+            if self._backend is not None:
+                keys.update(self._backend.keys())
+            return len(keys)
+
+    def stats(self) -> dict:
+        """A snapshot of usage, hits per tier, bytes/s per tier, offload and eviction counts."""
+        with self._lock:
+            c = self._counters.snapshot()
+            out: dict[str, Any] = {
+                "dram": {
+                    "objects": sum(1 for e in self._dram.entries.values() if e.complete),
+                    "used_bytes": self._dram.used,
+                    "capacity": self._dram.capacity,
+                    "hits": int(c.get("dram_hits", 0)),
+                    "read_bytes": int(c.get("dram_read_bytes", 0)),
+                    "read_bytes_per_s": rate(c.get("dram_read_bytes", 0), c.get("dram_read_seconds", 0)),
+                    "put_bytes_per_s": rate(c.get("put_bytes", 0), c.get("put_seconds", 0)),
+                    "evicted": int(c.get("dram_evicted", 0)),
+                    "dropped": int(c.get("dram_dropped", 0)),
+                    "evicted_bytes": int(c.get("dram_evicted_bytes", 0)),
+                    "free_extents": self._dram.allocator.free_extents,
+                },
+                "gets": {"misses": int(c.get("misses", 0))},
+                "puts": {
+                    "count": int(c.get("puts", 0)),
+                    "idempotent": int(c.get("puts_idempotent", 0)),
+                    "waited": int(c.get("put_waits", 0)),
+                    "no_space": int(c.get("put_no_space", 0)),
+                },
+                "removes": int(c.get("removes", 0)),
+                "promoted": int(c.get("promoted", 0)),
+                "config": {"offload": self.config.offload, "eviction": self.config.eviction},
+            }
+            if self._backend is not None:
+                assert self._engine is not None and self.recovery is not None
+                out["nvme"] = {
+                    **self._backend.stats(),
+                    "hits": int(c.get("nvme_hits", 0)),
+                    "read_bytes": int(c.get("nvme_read_bytes", 0)),
+                    "read_bytes_per_s": rate(c.get("nvme_read_bytes", 0), c.get("nvme_read_seconds", 0)),
+                }
+                out["offload"] = {
+                    "policy": self.config.offload,
+                    "objects": int(c.get("offloaded", 0)),
+                    "bytes": int(c.get("offloaded_bytes", 0)),
+                    "bytes_per_s": rate(c.get("offloaded_bytes", 0), c.get("offload_seconds", 0)),
+                    "queued": len(self._pending),
+                    "in_flight": len(self._inflight),
+                    "failures": self._offload_failures,
+                    "paused": time.monotonic() < self._offload_paused_until,
+                    "last_error": str(self._offload_error) if self._offload_error else None,
+                }
+                out["io_engine"] = self._engine.describe()
+                out["recovery"] = self.recovery.as_dict()
+            return out
+
+    def check(self) -> CheckReport:
+        """Verify every object in every tier; drop the corrupt ones and report them."""
+        corrupt: List[bytes] = []
+        with self._lock:
+            self._check_open()
+            entries = [e for e in self._dram.entries.values() if e.complete]
+            for e in entries:
+                e.readers += 1
+        try:
+            for e in entries:
+                if checksum(e.key, self._dram.view(e)) != e.crc:
+                    corrupt.append(e.key)
+        finally:
+            with self._lock:
+                for e in entries:
+                    e.readers -= 1
+                    if e.key in corrupt:
+                        self._dram.detach(e)
+                    self._dram.release(e)
+        nvme_objects = 0
+        if self._backend is not None:
+            nvme_objects = len(self._backend)
+            corrupt.extend(self._backend.check())
+        with self._lock:
+            self._counters.add("corrupt", len(corrupt))
+        return CheckReport(dram_objects=len(entries), nvme_objects=nvme_objects, corrupt_keys=corrupt)
+
+    # ================================================================== offload
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Wait until every queued offload is COMPLETE on SSD.
+
+        Raises the offloader's error if a batch fails meanwhile (the objects stay in DRAM and
+        are retried), and :class:`NoSpaceError` if ``timeout`` seconds pass first.
+        """
+        if self._backend is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check_open()
+            failures = self._offload_failures
+            self._flush_waiters += 1
+            self._cond.notify_all()
+            try:
+                while self._pending or self._inflight:
+                    if self._offload_failures > failures and self._offload_error is not None:
+                        raise self._offload_error
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise NoSpaceError("flush timed out", queued=len(self._pending), in_flight=len(self._inflight))
+                    self._cond.wait(remaining)
+                    self._check_open()
+            finally:
+                self._flush_waiters -= 1
+
+    def _enqueue(self, entry: DramEntry) -> None:
+        entry.ssd = SsdState.PENDING
+        entry.queued_at = time.monotonic()
+        self._pending.append(entry)
+        self._pending_bytes += entry.size
+        if len(self._pending) == 1 or self._pending_bytes >= self.config.bucket_bytes:
+            self._cond.notify_all()
+
+    def _offload_loop(self) -> None:
+        while True:
+            with self._lock:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._inflight = batch
+                items = [(e.key, self._dram.view(e), e.crc) for e in batch]
+            t0 = time.perf_counter()
+            error: Optional[GdskvError] = None
+            evicted: List[bytes] = []
+            try:
+                evicted = self._backend.write(items)  # type: ignore[union-attr]
+            except GdskvError as exc:
+                error = exc
+            except OSError as exc:
+                error = IoError(f"offload failed: {exc}", errno=exc.errno)
+            elapsed = time.perf_counter() - t0
+            del items
+            with self._lock:
+                self._inflight = []
+                if error is None:
+                    self._finish_batch(batch, evicted, elapsed)
+                else:
+                    self._fail_batch(batch, error)
+                self._cond.notify_all()
+
+    def _next_batch(self) -> Optional[List[DramEntry]]:
+        """Wait (lock held) until a bucket should be written; take its entries. None: stop."""
+        cfg = self.config
+        while True:
+            if self._closed:
+                return None
+            if cfg.offload == "watermark":
+                self._select_for_offload()
+            now = time.monotonic()
+            timeout: Optional[float] = None
+            if self._pending:
+                age = now - self._pending[0].queued_at
+                due = (
+                    self._pending_bytes >= cfg.bucket_bytes
+                    or len(self._pending) >= cfg.bucket_max_keys
+                    or age >= cfg.bucket_max_age_s
+                    or self._flush_waiters
+                    or self._space_waiters
+                    or self._closing
+                )
+                if due and now >= self._offload_paused_until:
+                    return self._take_batch()
+                timeout = max(cfg.bucket_max_age_s - age, self._offload_paused_until - now, 0.001)
+            elif self._closing:
+                return None
+            self._cond.wait(timeout)
+
+    def _take_batch(self) -> List[DramEntry]:
+        batch: List[DramEntry] = []
+        nbytes = 0
+        while self._pending and len(batch) < self.config.bucket_max_keys:
+            entry = self._pending[0]
+            if batch and nbytes + entry.size > self.config.bucket_bytes:
+                break
+            self._pending.popleft()
+            self._pending_bytes -= entry.size
+            if entry.detached:  # removed or overwritten while queued
+                entry.ssd = SsdState.NONE
+                self._dram.release(entry)
+                continue
+            batch.append(entry)
+            nbytes += entry.size
+        return batch
+
+    def _finish_batch(self, batch: List[DramEntry], evicted: List[bytes], elapsed: float) -> None:
+        self._offload_error = None
+        for key in evicted:
+            entry = self._dram.lookup(key)
+            if entry is not None and entry.ssd is SsdState.ON_SSD:
+                entry.ssd = SsdState.LOST
+        for entry in batch:
+            entry.ssd = SsdState.ON_SSD
+            if entry.detached:  # removed while being written: take the new copy back out
+                self._backend.remove(entry.key)  # type: ignore[union-attr]
+                self._dram.release(entry)
+        self._counters.add("offloaded", len(batch))
+        self._counters.add("offloaded_bytes", sum(e.size for e in batch))
+        self._counters.add("offload_seconds", elapsed)
+        if self.config.offload == "watermark":
+            low = self.config.low_watermark * self._dram.capacity
+            self._evict_dram(until=lambda: self._dram.used <= low)
+
+    def _fail_batch(self, batch: List[DramEntry], error: GdskvError) -> None:
+        """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
+        self._offload_error = error
+        self._offload_failures += 1
+        self._offload_paused_until = time.monotonic() + OFFLOAD_RETRY_S
+        log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), OFFLOAD_RETRY_S, error)
+        for entry in reversed(batch):
+            self._pending.appendleft(entry)
+            self._pending_bytes += entry.size
+
+    def _select_for_offload(self) -> None:
+        """Watermark policy: above the high watermark, queue the coldest DRAM-only objects
+        (and evict those already on SSD) until usage would reach the low watermark."""
+        cap = self._dram.capacity
+        if self._dram.used <= self.config.high_watermark * cap and not self._space_waiters:
+            return
+        low = self.config.low_watermark * cap
+        self._evict_dram(until=lambda: self._dram.used <= low)
+        projected = self._dram.used - self._pending_bytes - sum(e.size for e in self._inflight)
+        if projected <= low:
+            return
+        chosen = []
+        for key in self._dram.policy.ordered():
+            entry = self._dram.entries[key]
+            if entry.complete and entry.ssd is SsdState.NONE:
+                chosen.append(entry)
+                projected -= entry.size
+                if projected <= low:
+                    break
+        for entry in chosen:
+            self._enqueue(entry)
+
+    # ================================================================== lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("store is closed", path=str(self.path))
+
+    def close(self, *, drain: bool = True) -> None:
+        """Close the store. With an SSD tier, first write every DRAM-only object to SSD
+        (``drain=False`` skips that: DRAM-only objects are then lost). Idempotent."""
+        with self._lock:
+            if self._closed or self._closing:
+                return
+            self._closing = True
+            if drain and self._backend is not None:
+                for entry in list(self._dram.entries.values()):
+                    if entry.complete and entry.ssd is SsdState.NONE:
+                        self._enqueue(entry)
+            self._cond.notify_all()
+        if self._offloader is not None:
+            try:
+                self.flush(timeout=None if drain else 0)
+            except GdskvError as exc:
+                log.warning("gdskv: closing with %d objects not on SSD: %s", len(self._pending), exc)
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+        if self._offloader is not None:
+            self._offloader.join()
+        self._release_resources()
+
+    def _release_resources(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+        if self._engine is not None:
+            self._engine.close()
+        if hasattr(self, "_dram"):
+            self._dram.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Store({str(self.path)!r}, dram={format_size(self.config.dram_bytes)}, "
+            f"ssd={format_size(self.config.ssd_bytes)}, offload={self.config.offload!r})"
+        )
+
+
+def _open_directory(path: Path, config: StoreConfig) -> int:
+    """Create or validate the store directory, take its lock, check its format."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError("store path exists and is not a directory", path=str(path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise IoError(f"cannot open store directory: {exc.strerror}", path=str(path), errno=exc.errno) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreLockedError("store directory is open in another process", path=str(path)) from None
+    try:
+        _check_meta(path / META_FILE, config)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_meta(meta_path: Path, config: StoreConfig) -> None:
+    if not meta_path.exists():
+        meta = {"format": "gdskv", "format_version": FORMAT_VERSION, "backend": config.backend}
+        write_file_atomic(meta_path, json.dumps(meta, indent=2).encode())
+        return
+    try:
+        meta = json.loads(meta_path.read_text())
+        version = int(meta["format_version"])
+        backend = str(meta["backend"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("unreadable store metadata", path=str(meta_path), cause=str(exc)) from exc
+    if version > FORMAT_VERSION:
+        raise FormatVersionError(
+            "store written by a newer gdskv format", path=str(meta_path), supported=FORMAT_VERSION, got=version
+        )
+    if backend != config.backend:
+        raise ConfigError("store was created with another backend", path=str(meta_path), stored=backend, requested=config.backend)

@@ -1,0 +1,98 @@
+"""Offset allocator: sub-allocates one contiguous region (an arena, a file, a device pool).
+
+Contract:
+- ``allocate(size)`` returns the offset of a free extent of at least ``size`` bytes, rounded
+  up to ``alignment``, or ``None`` when no free extent is large enough (a miss, not an error).
+- ``free(offset)`` returns an extent to the free list and coalesces it with free neighbours,
+  so a fully freed allocator is again one extent of ``capacity`` bytes.
+- ``used`` is exact: the sum of the rounded sizes of live allocations.
+
+First fit over the free extents sorted by offset keeps allocations packed towards the front.
+Not thread-safe: the owning tier serialises calls under its own lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Optional
+
+from gdskv.errors import ConfigError, GdskvError
+
+
+class OffsetAllocator:
+    """First-fit allocator with coalescing free extents over ``[0, capacity)``."""
+
+    def __init__(self, capacity: int, *, alignment: int = 64) -> None:
+        if capacity <= 0:
+            raise ConfigError("allocator capacity must be positive", got=capacity)
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ConfigError("alignment must be a power of two", got=alignment)
+        self.capacity = capacity - capacity % alignment
+        self.alignment = alignment
+        self._free_offsets: list[int] = [0] if self.capacity else []
+        self._free_sizes: dict[int, int] = {0: self.capacity} if self.capacity else {}
+        self._live: dict[int, int] = {}
+        self.used = 0
+
+    def rounded(self, size: int) -> int:
+        """The number of bytes an allocation of ``size`` really takes."""
+        return -(-size // self.alignment) * self.alignment
+
+    def allocate(self, size: int) -> Optional[int]:
+        """Reserve ``size`` bytes; return the offset, or ``None`` if nothing fits."""
+        if size <= 0:
+            raise GdskvError("allocation size must be positive", got=size)
+        need = self.rounded(size)
+        for i, offset in enumerate(self._free_offsets):
+            extent = self._free_sizes[offset]
+            if extent < need:
+                continue
+            del self._free_sizes[offset]
+            if extent == need:
+                del self._free_offsets[i]
+            else:
+                rest = offset + need
+                self._free_offsets[i] = rest
+                self._free_sizes[rest] = extent - need
+            self._live[offset] = need
+            self.used += need
+            return offset
+        return None
+
+    def free(self, offset: int) -> None:
+        """Release the allocation at ``offset`` (which must be live)."""
+        size = self._live.pop(offset, None)
+        if size is None:
+            raise GdskvError("free of an offset that is not allocated", offset=offset)
+        self.used -= size
+        i = bisect.bisect_left(self._free_offsets, offset)
+        # Coalesce with the following extent.
+        if i < len(self._free_offsets) and self._free_offsets[i] == offset + size:
+            size += self._free_sizes.pop(self._free_offsets[i])
+            del self._free_offsets[i]
+        # Coalesce with the preceding extent.
+        if i > 0:
+            prev = self._free_offsets[i - 1]
+            if prev + self._free_sizes[prev] == offset:
+                self._free_sizes[prev] += size
+                return
+        self._free_offsets.insert(i, offset)
+        self._free_sizes[offset] = size
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.used
+
+    @property
+    def largest_free(self) -> int:
+        """The largest single allocation that would succeed now."""
+        return max(self._free_sizes.values(), default=0)
+
+    @property
+    def free_extents(self) -> int:
+        """Number of free extents (1 when nothing is allocated: fragmentation gauge)."""
+        return len(self._free_offsets)
+
+    def size_of(self, offset: int) -> int:
+        """Rounded size of the live allocation at ``offset``."""
+        return self._live[offset]

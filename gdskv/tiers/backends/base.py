@@ -1,0 +1,94 @@
+"""The storage backend protocol: how the NVMe tier lays objects out on disk.
+
+A backend decides *where* bytes go; an :class:`gdskv.gds.IoEngine` moves them. Every backend
+keeps its own key index, persists it so that a reopen finds every object that was durable,
+and enforces its byte cap by evicting at its own granularity (whole buckets for the bucket
+backend). Primitives and their contracts:
+
+- ``recover() -> RecoveryReport``: scan the directory once at open; rebuild the index from
+  what is intact; drop (delete, count, log) what is torn or corrupt; never raise for a
+  corrupt object, raise :class:`FormatVersionError` for a newer format.
+- ``write(items) -> list[bytes]``: make every ``(key, value, crc)`` durable and readable,
+  evicting older objects if the cap requires; returns the keys evicted to make room. On an
+  I/O error nothing of the batch becomes visible and :class:`IoError` is raised.
+- ``lookup(key) -> ObjectInfo | None``: size and checksum of a stored object.
+- ``read_batch(items) -> list[int | None]``: fill each ``out`` with the value of ``key`` and
+  return its size; ``None`` is a miss: absent, failed its checksum, or unreadable (the last
+  two are counted, logged and the replica dropped). Bytes are verified before a size is
+  returned, so a returned size always means correct bytes.
+- ``remove(key) -> bool``: forget the object durably (a reopen does not bring it back).
+- ``check() -> list[bytes]``: verify every object; drop and return the corrupt ones' keys.
+- ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``.
+
+Backends are thread-safe: reads run concurrently with a write and with each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional, Sequence, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    size: int
+    crc: int
+
+
+@dataclasses.dataclass
+class RecoveryReport:
+    """What a backend found when it reopened its directory."""
+
+    objects: int = 0
+    bytes: int = 0
+    containers: int = 0  # buckets (or files) that were intact
+    dropped_torn: int = 0  # unsealed / partly written containers removed
+    dropped_corrupt: int = 0  # containers or objects that failed verification
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
+ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
+
+
+class StorageBackend:
+    """Base class; see the module docstring for the contract of each primitive."""
+
+    name = "base"
+    capacity: int
+
+    def recover(self) -> RecoveryReport:  # pragma: no cover
+        raise NotImplementedError
+
+    def write(self, items: Sequence[WriteItem]) -> List[bytes]:  # pragma: no cover
+        raise NotImplementedError
+
+    def lookup(self, key: bytes) -> Optional[ObjectInfo]:  # pragma: no cover
+        raise NotImplementedError
+
+    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def remove(self, key: bytes) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def check(self) -> List[bytes]:  # pragma: no cover
+        raise NotImplementedError
+
+    def keys(self) -> List[bytes]:  # pragma: no cover
+        raise NotImplementedError
+
+    def __len__(self) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def used_bytes(self) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover
+        raise NotImplementedError

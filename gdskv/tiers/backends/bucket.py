@@ -1,0 +1,460 @@
+"""The bucket backend (default): objects grouped into sealed, immutable bucket files.
+
+Layout under ``<store>/buckets/``::
+
+    <id:016x>.data    records (see :mod:`record`), values 4 KiB-aligned
+    <id:016x>.index   the bucket's index; its presence *seals* the bucket
+
+A write builds one bucket from a batch: data to ``.data.tmp``, fsync, rename; then the index
+the same way; then the directory is fsynced. Recovery trusts only sealed buckets: a data
+file without an index, or any ``.tmp``, is a torn write and is deleted.
+
+Removing a key rewrites its bucket's index without it (atomically), so a reopen never brings
+it back; a bucket whose last key is removed is deleted. Eviction is bucket-level (FIFO or
+LRU over bucket ids) under the byte cap. Readers pin a bucket so its file descriptor is not
+closed under them; an evicted bucket's files are unlinked at once and the descriptor closed
+when the last reader leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from gdskv.errors import (
+    CorruptionError,
+    FormatVersionError,
+    GdskvError,
+    InvalidValueError,
+    IoError,
+    NoSpaceError,
+    StoreClosedError,
+)
+from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic
+from gdskv.tiers.backends.record import (
+    RECORD_HEADER,
+    IndexEntry,
+    checksum,
+    decode_head,
+    decode_index,
+    encode_head,
+    encode_index,
+    head_size,
+    record_buffers,
+    record_size,
+)
+from gdskv.tiers.policies import make_policy
+
+log = logging.getLogger(__name__)
+
+DATA_SUFFIX = ".data"
+INDEX_SUFFIX = ".index"
+
+
+class _Bucket:
+    """One sealed bucket: its files, live entries and readers."""
+
+    def __init__(self, bucket_id: int, directory: Path, data_len: int) -> None:
+        self.id = bucket_id
+        self.data_path = directory / f"{bucket_id:016x}{DATA_SUFFIX}"
+        self.index_path = directory / f"{bucket_id:016x}{INDEX_SUFFIX}"
+        self.data_len = data_len
+        self.entries: Dict[bytes, IndexEntry] = {}
+        self.fd: Optional[int] = None
+        self.readers = 0
+        self.evicted = False
+
+    def open_fd(self) -> int:
+        if self.fd is None:
+            self.fd = os.open(self.data_path, os.O_RDONLY)
+        return self.fd
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class BucketBackend(StorageBackend):
+    """Sealed bucket files with bucket-level eviction. See the module docstring."""
+
+    name = "bucket"
+
+    def __init__(
+        self,
+        root: Path,
+        engine: IoEngine,
+        *,
+        capacity: int,
+        eviction: str = "fifo",
+        verify_on_open: str = "index",
+    ) -> None:
+        self.dir = Path(root) / "buckets"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.engine = engine
+        self.capacity = capacity
+        self.verify_on_open = verify_on_open
+        self._policy = make_policy(eviction)
+        self._lock = threading.Lock()
+        self._buckets: Dict[int, _Bucket] = {}
+        self._index: Dict[bytes, _Bucket] = {}
+        self._used = 0
+        self._next_bucket = 1
+        self._next_seq = 1
+        self._closed = False
+        self.counters = {
+            "buckets_written": 0,
+            "bytes_written": 0,
+            "buckets_evicted": 0,
+            "objects_evicted": 0,
+            "corrupt_reads": 0,
+            "read_errors": 0,
+        }
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> RecoveryReport:
+        """Rebuild the index from sealed buckets; delete torn and corrupt ones."""
+        report = RecoveryReport()
+        names = sorted(os.listdir(self.dir))
+        for name in names:
+            if name.endswith(TMP_SUFFIX):
+                unlink_quietly(self.dir / name)
+                report.dropped_torn += 1
+        indexed = {n[: -len(INDEX_SUFFIX)] for n in names if n.endswith(INDEX_SUFFIX)}
+        for name in names:
+            if name.endswith(DATA_SUFFIX) and name[: -len(DATA_SUFFIX)] not in indexed:
+                unlink_quietly(self.dir / name)  # data written, never sealed
+                report.dropped_torn += 1
+        newest: Dict[bytes, Tuple[_Bucket, IndexEntry]] = {}
+        for stem in sorted(indexed):
+            bucket = self._load_bucket(stem, report)
+            if bucket is None:
+                continue
+            self._buckets[bucket.id] = bucket
+            self._next_bucket = max(self._next_bucket, bucket.id + 1)
+            for entry in bucket.entries.values():
+                self._next_seq = max(self._next_seq, entry.seq + 1)
+                seen = newest.get(entry.key)
+                if seen is None or seen[1].seq < entry.seq:
+                    newest[entry.key] = (bucket, entry)
+        stale: set[int] = set()
+        for bucket in self._buckets.values():
+            for key in list(bucket.entries):
+                if newest[key][0] is not bucket:  # superseded by a later write of the key
+                    del bucket.entries[key]
+                    stale.add(bucket.id)
+        for bucket_id in sorted(self._buckets):
+            bucket = self._buckets[bucket_id]
+            if self.verify_on_open == "full":
+                report.dropped_corrupt += self._verify_bucket(bucket)
+                if bucket_id in stale or report.dropped_corrupt:
+                    stale.add(bucket_id)
+            if not bucket.entries:
+                self._delete_files(bucket)
+                del self._buckets[bucket_id]
+                continue
+            if bucket_id in stale:
+                self._persist_index(bucket)
+            self._policy.insert(bucket_id)
+            self._used += bucket.data_len
+            for key in bucket.entries:
+                self._index[key] = bucket
+        report.containers = len(self._buckets)
+        report.objects = len(self._index)
+        report.bytes = sum(e.value_len for b in self._buckets.values() for e in b.entries.values())
+        if report.dropped_torn or report.dropped_corrupt:
+            log.warning(
+                "gdskv: recovery dropped %d torn and %d corrupt buckets/objects in %s",
+                report.dropped_torn, report.dropped_corrupt, self.dir,
+            )
+        return report
+
+    def _load_bucket(self, stem: str, report: RecoveryReport) -> Optional[_Bucket]:
+        index_path = self.dir / (stem + INDEX_SUFFIX)
+        data_path = self.dir / (stem + DATA_SUFFIX)
+        try:
+            bucket_id, data_len, entries = decode_index(index_path.read_bytes(), path=str(index_path))
+            if int(stem, 16) != bucket_id:
+                raise CorruptionError("index names another bucket", path=str(index_path), got=bucket_id)
+            actual = data_path.stat().st_size if data_path.exists() else -1
+            if actual < data_len:
+                raise CorruptionError("bucket data missing or short", path=str(data_path), expected=data_len, got=actual)
+        except FormatVersionError:
+            raise
+        except (CorruptionError, ValueError, OSError) as exc:
+            log.warning("gdskv: dropping bucket %s: %s", stem, exc)
+            unlink_quietly(index_path)
+            unlink_quietly(data_path)
+            report.dropped_corrupt += 1
+            return None
+        bucket = _Bucket(bucket_id, self.dir, data_len)
+        bucket.entries = {e.key: e for e in entries}
+        return bucket
+
+    def _verify_bucket(self, bucket: _Bucket) -> int:
+        """Read and verify every record of ``bucket``; drop the bad entries. Returns their count."""
+        bad = [key for key in list(bucket.entries) if not self._verify_record(bucket, bucket.entries[key])]
+        for key in bad:
+            del bucket.entries[key]
+        return len(bad)
+
+    def _verify_record(self, bucket: _Bucket, entry: IndexEntry) -> bool:
+        start = entry.value_offset - head_size(len(entry.key))
+        path = str(bucket.data_path)
+        try:
+            with open(bucket.data_path, "rb") as f:
+                f.seek(start)
+                head = f.read(head_size(len(entry.key)))
+                header = decode_head(head, path=path, offset=start)
+                key = head[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len]
+                if (key, header.value_len, header.crc, header.seq) != (entry.key, entry.value_len, entry.crc, entry.seq):
+                    raise CorruptionError("record header disagrees with index", path=path, offset=start)
+                value = f.read(entry.value_len)
+            if checksum(entry.key, value) != entry.crc:
+                raise CorruptionError("value checksum mismatch", path=path, offset=entry.value_offset)
+        except (CorruptionError, OSError) as exc:
+            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, items: Sequence[WriteItem]) -> List[bytes]:
+        """Write ``items`` as one sealed bucket; return keys evicted to make room."""
+        if not items:
+            return []
+        layout: List[Tuple[bytes, memoryview, int, int]] = []
+        data_len = 0
+        for key, value, crc in items:
+            layout.append((key, value, crc, data_len))
+            data_len += record_size(len(key), value.nbytes)
+        if data_len > self.capacity:
+            raise NoSpaceError("batch larger than the NVMe tier", needed=data_len, capacity=self.capacity)
+        with self._lock:
+            self._check_open()
+            evicted = self._make_room(data_len)
+            bucket = _Bucket(self._next_bucket, self.dir, data_len)
+            self._next_bucket += 1
+            first_seq = self._next_seq
+            self._next_seq += len(items)
+            self._used += data_len  # reserved; released if the write fails
+        entries = []
+        try:
+            tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                requests = []
+                for i, (key, value, crc, offset) in enumerate(layout):
+                    seq = first_seq + i
+                    head = encode_head(key, value.nbytes, seq, crc)
+                    requests.append(IoRequest.write(fd, offset, *record_buffers(head, value), path=str(tmp)))
+                    entries.append(IndexEntry(key, offset + len(head), value.nbytes, seq, crc))
+                self.engine.run(requests)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, bucket.data_path)
+            write_file_atomic(bucket.index_path, encode_index(bucket.id, data_len, entries))
+        except (OSError, GdskvError) as exc:
+            unlink_quietly(bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX))
+            unlink_quietly(bucket.data_path)
+            unlink_quietly(bucket.index_path)
+            with self._lock:
+                self._used -= data_len
+            if isinstance(exc, GdskvError):
+                raise
+            raise IoError(f"bucket write failed: {exc.strerror}", path=str(bucket.data_path), errno=exc.errno) from exc
+        with self._lock:
+            bucket.entries = {e.key: e for e in entries}
+            self._buckets[bucket.id] = bucket
+            self._policy.insert(bucket.id)
+            for key in bucket.entries:
+                older = self._index.get(key)
+                if older is not None:
+                    self._forget(older, key)
+                self._index[key] = bucket
+            self.counters["buckets_written"] += 1
+            self.counters["bytes_written"] += data_len
+        return evicted
+
+    def _make_room(self, nbytes: int) -> List[bytes]:
+        """Evict whole buckets in policy order until ``nbytes`` more fit. Lock held."""
+        evicted: List[bytes] = []
+        while self._used + nbytes > self.capacity:
+            victim = self._policy.first_victim()
+            if victim is None:
+                raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
+            bucket = self._buckets[victim]
+            evicted.extend(bucket.entries)
+            self.counters["buckets_evicted"] += 1
+            self.counters["objects_evicted"] += len(bucket.entries)
+            self._drop_bucket(bucket)
+        return evicted
+
+    def _drop_bucket(self, bucket: _Bucket) -> None:
+        """Remove a bucket from the index and from disk. Lock held."""
+        for key in bucket.entries:
+            if self._index.get(key) is bucket:
+                del self._index[key]
+        bucket.entries = {}
+        self._policy.remove(bucket.id)
+        self._buckets.pop(bucket.id, None)
+        self._used -= bucket.data_len
+        bucket.evicted = True
+        self._delete_files(bucket)
+        if bucket.readers == 0:
+            bucket.close_fd()
+
+    def _delete_files(self, bucket: _Bucket) -> None:
+        unlink_quietly(bucket.index_path)  # unseal first: a crash in between leaves a torn bucket
+        unlink_quietly(bucket.data_path)
+
+    def _forget(self, bucket: _Bucket, key: bytes) -> None:
+        """Drop ``key`` from ``bucket`` durably. Lock held."""
+        bucket.entries.pop(key, None)
+        if self._index.get(key) is bucket:
+            del self._index[key]
+        if not bucket.entries:
+            self._drop_bucket(bucket)
+        else:
+            self._persist_index(bucket)
+
+    def _persist_index(self, bucket: _Bucket) -> None:
+        write_file_atomic(bucket.index_path, encode_index(bucket.id, bucket.data_len, bucket.entries.values()))
+
+    # ------------------------------------------------------------------ reads
+
+    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
+        with self._lock:
+            bucket = self._index.get(key)
+            if bucket is None:
+                return None
+            entry = bucket.entries[key]
+            return ObjectInfo(entry.value_len, entry.crc)
+
+    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
+        """Read and verify a batch of values in one engine submission."""
+        results: List[Optional[int]] = [None] * len(items)
+        pinned: List[Tuple[int, _Bucket, IndexEntry]] = []
+        requests: List[IoRequest] = []
+        with self._lock:
+            self._check_open()
+            for key, out in items:
+                bucket = self._index.get(key)
+                if bucket is not None and out.nbytes < bucket.entries[key].value_len:
+                    size = bucket.entries[key].value_len
+                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+            for i, (key, out) in enumerate(items):
+                bucket = self._index.get(key)
+                if bucket is None:
+                    continue
+                entry = bucket.entries[key]
+                try:
+                    fd = bucket.open_fd()
+                except OSError as exc:
+                    self.counters["read_errors"] += 1
+                    log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
+                    continue
+                bucket.readers += 1
+                self._policy.touch(bucket.id)
+                pinned.append((i, bucket, entry))
+                requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(bucket.data_path)))
+        try:
+            outcomes = self.engine.submit(requests).outcomes() if requests else []
+        finally:
+            with self._lock:
+                for _, bucket, _ in pinned:
+                    bucket.readers -= 1
+                    if bucket.evicted and bucket.readers == 0:
+                        bucket.close_fd()
+        bad: List[Tuple[_Bucket, IndexEntry, str]] = []
+        for (i, bucket, entry), outcome in zip(pinned, outcomes):
+            key, out = items[i]
+            if isinstance(outcome, BaseException):
+                self.counters["read_errors"] += 1
+                bad.append((bucket, entry, f"read failed: {outcome}"))
+            elif checksum(key, out[: entry.value_len]) != entry.crc:
+                self.counters["corrupt_reads"] += 1
+                bad.append((bucket, entry, "value checksum mismatch"))
+            else:
+                results[i] = entry.value_len
+        if bad:
+            with self._lock:
+                for bucket, entry, why in bad:
+                    log.warning(
+                        "gdskv: dropping replica of %r in %s at offset %d: %s",
+                        entry.key[:64], bucket.data_path.name, entry.value_offset, why,
+                    )
+                    if bucket.entries.get(entry.key) is entry:
+                        self._forget(bucket, entry.key)
+        return results
+
+    # ------------------------------------------------------------------ the rest
+
+    def remove(self, key: bytes) -> bool:
+        with self._lock:
+            self._check_open()
+            bucket = self._index.get(key)
+            if bucket is None:
+                return False
+            self._forget(bucket, key)
+            return True
+
+    def check(self) -> List[bytes]:
+        """Verify every record (header, key, value checksum); drop and return corrupt keys."""
+        with self._lock:
+            snapshot = [(b, e) for b in self._buckets.values() for e in b.entries.values()]
+        corrupt = [e.key for b, e in snapshot if not self._verify_record(b, e)]
+        with self._lock:
+            for bucket, entry in snapshot:
+                if entry.key in corrupt and bucket.entries.get(entry.key) is entry:
+                    self._forget(bucket, entry.key)
+        self.counters["corrupt_reads"] += len(corrupt)
+        return corrupt
+
+    def keys(self) -> List[bytes]:
+        with self._lock:
+            return list(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._index
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "backend": self.name,
+                "objects": len(self._index),
+                "buckets": len(self._buckets),
+                "used_bytes": self._used,
+                "capacity": self.capacity,
+                **self.counters,
+            }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("backend is closed", path=str(self.dir))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for bucket in self._buckets.values():
+                bucket.close_fd()
+        try:
+            fsync_dir(self.dir)
+        except OSError:
+            pass

@@ -1,0 +1,49 @@
+"""Small durable-file helpers shared by the backends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gdskv.errors import IoError
+
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make renames and unlinks inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` via a temporary name, fsync and rename.
+
+    A crash leaves either the old file or the new one, never a partial file under ``path``.
+    """
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        if sync_dir:
+            fsync_dir(path.parent)
+    except OSError as exc:
+        unlink_quietly(tmp)
+        raise IoError(f"could not write {path.name}: {exc.strerror}", path=str(path), errno=exc.errno) from exc
+
+
+def unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

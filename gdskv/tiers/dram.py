@@ -1,0 +1,146 @@
+"""The host DRAM tier: one arena allocated once, sub-allocated by :class:`OffsetAllocator`.
+
+The tier is a data structure, not a service: it holds the arena, the allocator, the entries
+and the eviction order, and every method except the byte copies (:meth:`DramTier.write`,
+:meth:`DramTier.read_into`, :meth:`DramTier.view`) must be called under the owning store's
+lock. Copies run outside the lock on *pinned* entries.
+
+Entry life cycle (two-phase, as for any async I/O)::
+
+    reserve() -> WRITING --write()--> commit() -> COMPLETE --detach()--> freed when idle
+
+A WRITING entry is invisible to readers. A detached entry (removed, overwritten or evicted)
+is forgotten at once, but its bytes are freed only when no reader pins it and no offload is
+writing from it, so nobody ever copies from memory that was handed to another object.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+from typing import Callable, Dict, Iterator, Optional
+
+import numpy as np
+
+from gdskv.tiers.allocator import OffsetAllocator
+from gdskv.tiers.policies import EvictionPolicy
+
+#: Allocation granularity inside the arena: cache-line aligned values.
+DRAM_ALIGNMENT = 64
+
+
+class SsdState(enum.Enum):
+    """What the SSD tier holds for a DRAM entry."""
+
+    NONE = "none"  # never offloaded: evicting it would lose it (when an SSD tier exists)
+    PENDING = "pending"  # queued or being written: not evictable, bytes pinned
+    ON_SSD = "on_ssd"  # a COMPLETE copy is on SSD: evictable at no loss
+    LOST = "lost"  # was on SSD, evicted there by capacity: cold, evictable
+
+
+class DramEntry:
+    __slots__ = ("key", "offset", "size", "crc", "complete", "readers", "ssd", "detached", "queued_at")
+
+    def __init__(self, key: bytes, offset: int, size: int, crc: int) -> None:
+        self.key = key
+        self.offset = offset
+        self.size = size
+        self.crc = crc
+        self.complete = False
+        self.readers = 0
+        self.ssd = SsdState.NONE
+        self.detached = False
+        self.queued_at = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.readers == 0 and self.ssd is not SsdState.PENDING
+
+
+class DramTier:
+    """Arena + allocator + entries + eviction order. See the module docstring."""
+
+    def __init__(self, capacity: int, policy: EvictionPolicy) -> None:
+        self.allocator = OffsetAllocator(capacity, alignment=DRAM_ALIGNMENT)
+        self.capacity = self.allocator.capacity
+        self._mmap = mmap.mmap(-1, self.capacity)  # page-aligned, zero-filled lazily
+        self.arena = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.policy = policy
+        self.entries: Dict[bytes, DramEntry] = {}
+
+    # -- metadata (store lock held) ---------------------------------------------
+
+    @property
+    def used(self) -> int:
+        return self.allocator.used
+
+    def lookup(self, key: bytes) -> Optional[DramEntry]:
+        """The entry for ``key`` in any state, or None."""
+        return self.entries.get(key)
+
+    def readable(self, key: bytes) -> Optional[DramEntry]:
+        """The COMPLETE entry for ``key``, or None."""
+        entry = self.entries.get(key)
+        return entry if entry is not None and entry.complete else None
+
+    def reserve(self, key: bytes, size: int, crc: int) -> Optional[DramEntry]:
+        """Allocate room for ``key`` and register a WRITING entry; None if nothing fits."""
+        offset = self.allocator.allocate(size)
+        if offset is None:
+            return None
+        entry = DramEntry(key, offset, size, crc)
+        self.entries[key] = entry
+        return entry
+
+    def commit(self, entry: DramEntry) -> None:
+        """Make a written entry visible to readers and to the eviction policy."""
+        entry.complete = True
+        self.policy.insert(entry.key)
+
+    def detach(self, entry: DramEntry) -> None:
+        """Forget ``entry``; its bytes are freed now if idle, else by :meth:`release`."""
+        if entry.detached:
+            return
+        entry.detached = True
+        if self.entries.get(entry.key) is entry:
+            del self.entries[entry.key]
+            self.policy.remove(entry.key)
+        self.release(entry)
+
+    def release(self, entry: DramEntry) -> None:
+        """Free a detached entry's bytes once nothing uses them any more."""
+        if entry.detached and entry.idle and entry.offset >= 0:
+            self.allocator.free(entry.offset)
+            entry.offset = -1
+
+    def victims(self, evictable: Callable[[DramEntry], bool]) -> Iterator[DramEntry]:
+        """Entries in eviction order that ``evictable`` accepts. Live iteration: stop
+        iterating before detaching what it yields."""
+        for key in self.policy.ordered():
+            entry = self.entries[key]
+            if entry.complete and entry.idle and evictable(entry):
+                yield entry
+
+    def touch(self, entry: DramEntry) -> None:
+        self.policy.touch(entry.key)
+
+    # -- byte copies (no lock; entry pinned or WRITING) ---------------------------
+
+    def view(self, entry: DramEntry) -> memoryview:
+        """A zero-copy view of the entry's bytes in the arena."""
+        return memoryview(self.arena[entry.offset : entry.offset + entry.size])
+
+    def write(self, entry: DramEntry, value: memoryview) -> None:
+        self.arena[entry.offset : entry.offset + entry.size] = np.frombuffer(value, dtype=np.uint8)
+
+    def read_into(self, entry: DramEntry, out: memoryview) -> None:
+        np.frombuffer(out, dtype=np.uint8, count=entry.size)[:] = self.arena[entry.offset : entry.offset + entry.size]
+
+    def close(self) -> None:
+        self.entries.clear()
+        self.arena = np.empty(0, dtype=np.uint8)
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes when it does
+
