@@ -107,6 +107,9 @@ class StoreConfig:
     #: An NVMe-only object read this many times is promoted back into DRAM (0 = never).
     #: Default 2.
     promote_after_reads: int = 2
+    #: After a failed offload batch (I/O error, full disk), offload pauses this long
+    #: (seconds) before retrying; the objects stay in DRAM meanwhile. Default 1.0.
+    offload_retry_s: float = 1.0
     #: How long a put waits for DRAM space before raising NoSpaceError (seconds). Default 10.
     put_timeout_s: float = 10.0
     #: Open-time verification of sealed buckets: "index" (index checksums and file sizes;
@@ -141,6 +144,8 @@ class StoreConfig:
             raise ConfigError("must be positive", field="bucket_max_age_s", got=self.bucket_max_age_s)
         if self.promote_after_reads < 0:
             raise ConfigError("must be >= 0", field="promote_after_reads", got=self.promote_after_reads)
+        if self.offload_retry_s < 0:
+            raise ConfigError("must be >= 0", field="offload_retry_s", got=self.offload_retry_s)
         if self.put_timeout_s < 0:
             raise ConfigError("must be >= 0", field="put_timeout_s", got=self.put_timeout_s)
 

@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 
 META_FILE = "gdskv.json"
 LOCK_FILE = "LOCK"
-OFFLOAD_RETRY_S = 1.0
 
 
 @dataclasses.dataclass
@@ -589,11 +588,14 @@ class Store:
             self._cond.wait(timeout)
 
     def _take_batch(self) -> List[DramEntry]:
+        # A bucket never takes more than a quarter of the SSD tier, so that writing one
+        # evicts only a part of what is there (a single larger object still goes alone).
+        limit = min(self.config.bucket_bytes, self.config.ssd_bytes // 4)
         batch: List[DramEntry] = []
         nbytes = 0
         while self._pending and len(batch) < self.config.bucket_max_keys:
             entry = self._pending[0]
-            if batch and nbytes + entry.size > self.config.bucket_bytes:
+            if batch and nbytes + record_size(len(entry.key), entry.size) > limit:
                 break
             self._pending.popleft()
             self._pending_bytes -= entry.size
@@ -602,7 +604,7 @@ class Store:
                 self._dram.release(entry)
                 continue
             batch.append(entry)
-            nbytes += entry.size
+            nbytes += record_size(len(entry.key), entry.size)
         return batch
 
     def _finish_batch(self, batch: List[DramEntry], evicted: List[bytes], elapsed: float) -> None:
@@ -627,8 +629,9 @@ class Store:
         """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
         self._offload_error = error
         self._offload_failures += 1
-        self._offload_paused_until = time.monotonic() + OFFLOAD_RETRY_S
-        log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), OFFLOAD_RETRY_S, error)
+        pause = self.config.offload_retry_s
+        self._offload_paused_until = time.monotonic() + pause
+        log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)
         for entry in reversed(batch):
             self._pending.appendleft(entry)
             self._pending_bytes += entry.size

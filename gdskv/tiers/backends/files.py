@@ -43,7 +43,8 @@ def write_file_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None
 
 
 def unlink_quietly(path: Path) -> None:
+    """Remove ``path`` if it can be removed; a cleanup step that must not mask the real error."""
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except OSError:
         pass

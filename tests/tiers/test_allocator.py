@@ -1,0 +1,85 @@
+"""OffsetAllocator: first fit, exact accounting, coalescing back to one extent."""
+
+import random
+
+import pytest
+
+from gdskv.errors import ConfigError, GdskvError
+from gdskv.tiers.allocator import OffsetAllocator
+
+
+def test_allocations_are_aligned_disjoint_and_accounted():
+    alloc = OffsetAllocator(1 << 20, alignment=4096)
+    a = alloc.allocate(1)
+    b = alloc.allocate(4097)
+    c = alloc.allocate(4096)
+    assert (a, b, c) == (0, 4096, 3 * 4096)
+    assert alloc.used == 4 * 4096
+    assert alloc.size_of(b) == 2 * 4096
+
+
+def test_returns_none_when_nothing_fits():
+    alloc = OffsetAllocator(4096 * 4, alignment=4096)
+    assert alloc.allocate(4096 * 4) == 0
+    assert alloc.allocate(1) is None
+    alloc.free(0)
+    assert alloc.allocate(4096 * 5) is None
+    assert alloc.allocate(4096 * 4) == 0
+
+
+def test_free_coalesces_neighbours_in_any_order():
+    alloc = OffsetAllocator(64 * 10, alignment=64)
+    offsets = [alloc.allocate(64) for _ in range(10)]
+    for off in (offsets[1], offsets[3], offsets[2], offsets[0], offsets[9], offsets[5], offsets[7], offsets[6], offsets[8], offsets[4]):
+        alloc.free(off)
+    assert alloc.used == 0
+    assert alloc.free_extents == 1
+    assert alloc.largest_free == 640
+
+
+def test_first_fit_reuses_holes():
+    alloc = OffsetAllocator(64 * 8, alignment=64)
+    offs = [alloc.allocate(64) for _ in range(8)]
+    alloc.free(offs[2])
+    alloc.free(offs[3])
+    assert alloc.largest_free == 128
+    assert alloc.allocate(100) == offs[2]
+    assert alloc.allocate(64) is None
+
+
+def test_random_workload_matches_a_model():
+    rng = random.Random(7)
+    alloc = OffsetAllocator(1 << 16, alignment=64)
+    live = {}
+    for _ in range(5000):
+        if live and rng.random() < 0.45:
+            off = rng.choice(list(live))
+            alloc.free(off)
+            del live[off]
+        else:
+            size = rng.randint(1, 3000)
+            off = alloc.allocate(size)
+            if off is None:
+                assert alloc.largest_free < alloc.rounded(size)
+                continue
+            end = off + alloc.rounded(size)
+            assert end <= alloc.capacity
+            for o, s in live.items():
+                assert end <= o or o + s <= off, "overlapping allocations"
+            live[off] = alloc.rounded(size)
+        assert alloc.used == sum(live.values())
+    for off in list(live):
+        alloc.free(off)
+    assert alloc.free_extents == 1 and alloc.used == 0
+
+
+def test_bad_calls_raise():
+    with pytest.raises(ConfigError):
+        OffsetAllocator(0)
+    with pytest.raises(ConfigError):
+        OffsetAllocator(1024, alignment=48)
+    alloc = OffsetAllocator(1024)
+    with pytest.raises(GdskvError):
+        alloc.allocate(0)
+    with pytest.raises(GdskvError, match="not allocated"):
+        alloc.free(64)
