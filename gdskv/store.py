@@ -530,7 +530,11 @@ class Store:
         entry.queued_at = time.monotonic()
         self._pending.append(entry)
         self._pending_bytes += entry.size
-        if len(self._pending) == 1 or self._pending_bytes >= self.config.bucket_bytes:
+        if (
+            len(self._pending) == 1
+            or self._pending_bytes >= self.config.bucket_bytes
+            or len(self._pending) >= self.config.bucket_max_keys
+        ):
             self._cond.notify_all()
 
     def _offload_loop(self) -> None:
