@@ -1,0 +1,30 @@
+"""Trace replay and capacity planning: how much DRAM and SSD does a workload need?
+
+- :func:`read_trace` reads Mooncake, Qwen-Bailian and generic JSON-lines traces into a
+  :class:`Trace` of prefix-chained block ids (:mod:`gdskv.trace.readers`).
+- :func:`replay` drives :class:`TierSimulator` — the store's own eviction policies and
+  placement rules, no bytes and no I/O — and reports hit rates per tier
+  (:mod:`gdskv.trace.replay`, :mod:`gdskv.trace.simulator`).
+- :func:`sweep` replays many DRAM/SSD sizes; :func:`analyze_reuse` measures reuse gaps.
+- ``gdskv trace replay|sweep|reuse`` is the command line (:mod:`gdskv.trace.command`).
+
+Nothing here imports matplotlib until a plot is asked for.
+"""
+
+from __future__ import annotations
+
+from gdskv.trace.errors import TraceFormatError
+from gdskv.trace.model import BlockChainer, Request, Trace, chain_blocks, from_block_lists, ideal_hits
+from gdskv.trace.readers import FORMATS, read_trace
+
+__all__ = [
+    "FORMATS",
+    "BlockChainer",
+    "Request",
+    "Trace",
+    "TraceFormatError",
+    "chain_blocks",
+    "from_block_lists",
+    "ideal_hits",
+    "read_trace",
+]
