@@ -16,15 +16,24 @@ from __future__ import annotations
 from gdskv.trace.errors import TraceFormatError
 from gdskv.trace.model import BlockChainer, Request, Trace, chain_blocks, from_block_lists, ideal_hits
 from gdskv.trace.readers import FORMATS, read_trace
+from gdskv.trace.replay import ReplayReport, replay
+from gdskv.trace.simulator import SimConfig, SimCounters, TierSimulator
+from gdskv.trace.synthetic import synthetic_trace
 
 __all__ = [
     "FORMATS",
     "BlockChainer",
+    "ReplayReport",
     "Request",
+    "SimConfig",
+    "SimCounters",
+    "TierSimulator",
     "Trace",
     "TraceFormatError",
     "chain_blocks",
     "from_block_lists",
     "ideal_hits",
     "read_trace",
+    "replay",
+    "synthetic_trace",
 ]
