@@ -16,12 +16,14 @@ from gdskv.errors import GdskvError
 
 def build_parser() -> argparse.ArgumentParser:
     from gdskv import demo, status
+    from gdskv.trace import command as trace_command
 
     parser = argparse.ArgumentParser(prog="gdskv", description="Tiered KV-cache store for LLM serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     demo.add_parser(sub)
     status.add_parser(sub)
+    trace_command.add_parser(sub)
     return parser
 
 

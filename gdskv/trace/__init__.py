@@ -17,7 +17,9 @@ from gdskv.trace.errors import TraceFormatError
 from gdskv.trace.model import BlockChainer, Request, Trace, chain_blocks, from_block_lists, ideal_hits
 from gdskv.trace.readers import FORMATS, read_trace
 from gdskv.trace.replay import ReplayReport, replay
+from gdskv.trace.reuse import ReuseReport, analyze_reuse
 from gdskv.trace.simulator import SimConfig, SimCounters, TierSimulator
+from gdskv.trace.sweep import SweepReport, parse_size_list, sweep
 from gdskv.trace.synthetic import synthetic_trace
 
 __all__ = [
@@ -25,15 +27,20 @@ __all__ = [
     "BlockChainer",
     "ReplayReport",
     "Request",
+    "ReuseReport",
     "SimConfig",
     "SimCounters",
+    "SweepReport",
     "TierSimulator",
     "Trace",
     "TraceFormatError",
+    "analyze_reuse",
     "chain_blocks",
     "from_block_lists",
     "ideal_hits",
+    "parse_size_list",
     "read_trace",
     "replay",
+    "sweep",
     "synthetic_trace",
 ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
+from gdskv.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
@@ -151,6 +153,8 @@ def from_block_lists(
     Requests are ``i`` seconds apart unless ``timestamps`` are given.
     """
     times = list(timestamps) if timestamps is not None else [float(i) for i in range(len(block_lists))]
+    if len(times) != len(block_lists):
+        raise ConfigError("one timestamp per request", requests=len(block_lists), timestamps=len(times))
     requests = [
         Request(timestamp=float(t), input_length=len(b) * block_tokens, output_length=0, blocks=list(b))
         for t, b in zip(times, block_lists)
