@@ -42,6 +42,9 @@ GENERIC_FORMAT_NAME = "gdskv-trace"
 GENERIC_VERSION = 1
 
 
+_INT_ONLY = frozenset((int,))
+
+
 class _BadLine(Exception):
     """Internal: one line is malformed (turned into TraceFormatError with its position)."""
 
@@ -73,9 +76,10 @@ def _int_list(obj: Dict[str, Any], name: str) -> List[int]:
     value = _field(obj, name)
     if not isinstance(value, list):
         raise _BadLine(f"{name!r} must be a list of integers, got {type(value).__name__}")
-    for i, x in enumerate(value):
-        if type(x) is not int:
-            raise _BadLine(f"{name!r}[{i}] must be an integer, got {x!r}")
+    if not _INT_ONLY.issuperset(map(type, value)):  # the fast check; find the culprit only on failure
+        for i, x in enumerate(value):
+            if type(x) is not int:
+                raise _BadLine(f"{name!r}[{i}] must be an integer, got {x!r}")
     return value
 
 
