@@ -145,7 +145,7 @@ def main(argv: List[str] | None = None) -> int:
         cpus["peer"].append(c)
         for name, store in configs.items():
             sim = TierSimulator(SimConfig(store=store, block_bytes=block_bytes))
-            w, c = timed(lambda: sim.run(block_lists))
+            w, c = timed(lambda sim=sim: sim.run(block_lists))
             walls[name].append(w)
             cpus[name].append(c)
             hit[name] = (sim.counters.dram_hits + sim.counters.nvme_hits) / n
@@ -177,7 +177,8 @@ def main(argv: List[str] | None = None) -> int:
     inside = sum(p.seconds for p in report.points)
     print(f"sweep: {len(report.points)} points ({len(dram_sizes)} DRAM x {len(ssd_sizes)} SSD sizes) in "
           f"{report.seconds:.2f} s wall with {report.jobs} process(es); the replays themselves took {inside:.2f} s "
-          f"({inside / report.seconds:.2f}x of wall), {len(report.points) * n / report.seconds / 1e6:.2f}M block accesses/s overall")
+          f"({inside / report.seconds:.2f}x of wall), "
+          f"{len(report.points) * n / report.seconds / 1e6:.2f}M block accesses/s overall")
     return 0
 
 

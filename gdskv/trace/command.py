@@ -8,6 +8,7 @@ and reports malformed lines it skipped (``--skip-bad``) on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -233,9 +234,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     report = sweep(trace, dram_sizes=dram_sizes, ssd_sizes=ssd_sizes, base=base, block_bytes=block_bytes, jobs=args.jobs)
     payload = report.as_dict()
     payload["trace"] = {"path": trace.path, "format": trace.format, "block_tokens": tokens}
-    payload["config"] = {k: v for k, v in base.__dict__.items() if k not in ("dram_bytes", "ssd_bytes")}
+    payload["config"] = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("dram_bytes", "ssd_bytes")}
     if args.target is not None:
-        payload["target"] = {"hit_rate": args.target, "smallest_dram": {str(k): v for k, v in report.smallest_dram_for(args.target).items()}}
+        smallest = report.smallest_dram_for(args.target)
+        payload["target"] = {"hit_rate": args.target, "smallest_dram": {str(k): v for k, v in smallest.items()}}
     if args.plot:
         from gdskv.trace.plots import plot_sweep
 
@@ -291,7 +293,8 @@ def run_reuse(args: argparse.Namespace) -> int:
 
         plot_reuse(report, args.plot)
     if args.json != "-":
-        print(format_reuse(report, f"{trace.path} ({trace.format}): {len(trace.requests):,} requests over {trace.duration_s / 60:.1f} min"))
+        heading = f"{trace.path} ({trace.format}): {len(trace.requests):,} requests over {trace.duration_s / 60:.1f} min"
+        print(format_reuse(report, heading))
         if args.plot:
             print(f"plot: {args.plot}")
     _emit_json(args.json, payload)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional
 
 from gdskv.trace.model import Trace, ideal_hits
 from gdskv.trace.simulator import SimConfig, TierSimulator

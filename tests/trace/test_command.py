@@ -99,6 +99,9 @@ def test_bad_options_are_clear_errors(trace_file, capsys, extra, needle):
 
 
 def test_importing_gdskv_and_the_cli_does_not_import_matplotlib():
-    code = "import sys, gdskv, gdskv.cli, gdskv.trace, gdskv.trace.command; gdskv.cli.build_parser(); print('matplotlib' in sys.modules)"
+    code = (
+        "import sys, gdskv, gdskv.cli, gdskv.trace, gdskv.trace.command; gdskv.cli.build_parser(); "
+        "print('matplotlib' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
