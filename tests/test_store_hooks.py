@@ -35,7 +35,12 @@ class Recorder(StoreListener):
                 self.held_during_eviction.append(key in self.store._backend._index)
 
     def keys(self, kind, tier):
-        return [item[0] if kind == "stored" else item for k, t, items in self.events if k == kind and t is tier for item in items]
+        return [
+            item[0] if kind == "stored" else item
+            for k, t, items in self.events
+            if k == kind and t is tier
+            for item in items
+        ]
 
 
 def test_put_reports_dram_then_offload_reports_nvme_with_the_store_checksum(make_store):

@@ -257,6 +257,11 @@ class Registry:
                     exact = r
             elif r.state != EVICTING and r.node.expires > now and (r.size != size or r.crc != crc):
                 return False  # another node holds (or is writing) another value
+        if writing is None and any(r.node is node and r.state == EVICTING for r in obj.replicas):
+            # An echo of the removed value (an offload or a promotion finishing after the
+            # removal): the key stays removed; a new put would have reserved a WRITING replica.
+            self.counters["echoes_ignored"] += 1
+            return True
         mine = exact or writing
         # The node's other records of this key are stale if they hold another value (its
         # store keeps one value per key), and a reservation is done once a replica exists.

@@ -89,7 +89,9 @@ class Transport:
 
     name = "base"
 
-    def read(self, address: str, keys: Sequence[bytes], outs: Sequence[memoryview]) -> List[Optional[int]]:  # pragma: no cover
+    def read(  # pragma: no cover
+        self, address: str, keys: Sequence[bytes], outs: Sequence[memoryview]
+    ) -> List[Optional[int]]:
         raise NotImplementedError
 
     def write(

@@ -51,7 +51,9 @@ def recv_exact(sock: socket.socket, view: memoryview, *, peer: str = "", what: s
         while got < size:
             n = sock.recv_into(view[got:], size - got)
             if n == 0:
-                raise PeerDisconnectedError(f"peer closed the connection in the middle of a {what}", peer=peer, expected=size, got=got)
+                raise PeerDisconnectedError(
+                    f"peer closed the connection in the middle of a {what}", peer=peer, expected=size, got=got
+                )
             got += n
     except socket.timeout:
         raise TransportError(f"peer timed out in the middle of a {what}", peer=peer, expected=size, got=got) from None

@@ -155,7 +155,8 @@ class TcpTransport(Transport):
         out: List[bool] = []
         for lo in range(0, len(keys), self.max_keys):
             part = keys[lo : lo + self.max_keys]
-            statuses = self._call(address, lambda c: self._exchange_statuses(c, Op.REMOVE, part, [0] * len(part), [0] * len(part)))
+            zeros = [0] * len(part)
+            statuses = self._call(address, lambda c: self._exchange_statuses(c, Op.REMOVE, part, zeros, zeros))
             out += [s == ItemStatus.OK for s in statuses]
         return out
 
@@ -163,7 +164,8 @@ class TcpTransport(Transport):
         out: List[ItemStatus] = []
         for lo in range(0, len(keys), self.max_keys):
             part = keys[lo : lo + self.max_keys]
-            out += self._call(address, lambda c: self._exchange_statuses(c, Op.PULL, part, [0] * len(part), [0] * len(part)))
+            zeros = [0] * len(part)
+            out += self._call(address, lambda c: self._exchange_statuses(c, Op.PULL, part, zeros, zeros))
         return out
 
     def ping(self, address: str) -> None:
@@ -245,7 +247,8 @@ class TcpTransport(Transport):
             sock = socket.create_connection((host, int(port)), timeout=self.connect_timeout_s)
         except (OSError, ValueError) as exc:
             self.counters["connect_errors"] += 1
-            raise TransportError(f"cannot connect to peer: {getattr(exc, 'strerror', None) or exc}", peer=pool.peer) from None
+            reason = getattr(exc, "strerror", None) or exc
+            raise TransportError(f"cannot connect to peer: {reason}", peer=pool.peer) from None
         tune(sock)
         sock.settimeout(self.timeout_s)
         self.counters["connects"] += 1
@@ -304,7 +307,9 @@ class TcpTransport(Transport):
             name = Status(status).name if status in Status._value2member_map_ else str(status)
             raise RemoteError("peer refused the request", peer=conn.peer, op=op.name, code=name, details=message)
         if count != len(keys):
-            raise ProtocolError("response item count differs from the request", peer=conn.peer, expected=len(keys), got=count)
+            raise ProtocolError(
+                "response item count differs from the request", peer=conn.peer, expected=len(keys), got=count
+            )
         return count
 
     def _exchange_statuses(
@@ -321,7 +326,9 @@ class TcpTransport(Transport):
         except ValueError:
             raise ProtocolError("unknown item status", peer=conn.peer) from None
 
-    def _read_part(self, address: str, keys: Sequence[bytes], outs: Sequence[memoryview], lo: int, hi: int) -> Union[List[Outcome], GdskvError]:
+    def _read_part(
+        self, address: str, keys: Sequence[bytes], outs: Sequence[memoryview], lo: int, hi: int
+    ) -> Union[List[Outcome], GdskvError]:
         try:
             return self._call(address, lambda c: self._exchange_read(c, keys[lo:hi], outs[lo:hi]))
         except GdskvError as exc:
@@ -344,7 +351,9 @@ class TcpTransport(Transport):
             seen[index] = 1
             if status == ItemStatus.OK:
                 if size > rooms[index]:
-                    raise ProtocolError("peer sent more bytes than there is room for", peer=peer, size=size, room=rooms[index])
+                    raise ProtocolError(
+                        "peer sent more bytes than there is room for", peer=peer, size=size, room=rooms[index]
+                    )
                 dest = outs[index][:size]
                 recv_exact(sock, dest, peer=peer, what="value")
                 nbytes += size
@@ -357,9 +366,13 @@ class TcpTransport(Transport):
             elif status == ItemStatus.MISS:
                 self.counters["misses"] += 1
             elif status == ItemStatus.TOO_SMALL:
-                results[index] = InvalidValueError("out is smaller than the value", key=keys[index][:64], size=size, got=rooms[index])
+                results[index] = InvalidValueError(
+                    "out is smaller than the value", key=keys[index][:64], size=size, got=rooms[index]
+                )
             else:
-                results[index] = RemoteError("peer failed to serve the value", peer=peer, key=keys[index][:64], code=int(status))
+                results[index] = RemoteError(
+                    "peer failed to serve the value", peer=peer, key=keys[index][:64], code=int(status)
+                )
         self.counters["values"] += sum(1 for r in results if isinstance(r, int))
         self.counters["bytes"] += nbytes
         return results

@@ -86,7 +86,9 @@ class TcpServer(DataServer):
                     return
                 continue
             tune(conn)
-            thread = threading.Thread(target=self._serve, args=(conn, f"{addr[0]}:{addr[1]}"), name="gdskv-data-conn", daemon=True)
+            thread = threading.Thread(
+                target=self._serve, args=(conn, f"{addr[0]}:{addr[1]}"), name="gdskv-data-conn", daemon=True
+            )
             with self._lock:
                 if self._closed:
                     conn.close()

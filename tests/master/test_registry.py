@@ -176,6 +176,15 @@ def test_a_put_after_remove_cancels_the_pending_removal(reg):
     assert replicas(reg, b"k", 1.0) == [("a", DRAM)]
 
 
+def test_a_late_registration_of_a_removed_value_does_not_bring_it_back(reg):
+    register(reg, "a", DRAM, [b"k"])
+    reg.remove([b"k"], 0.0)
+    register(reg, "a", NVME, [b"k"])  # an offload that finished after the removal
+    assert replicas(reg, b"k") == []
+    assert reg.heartbeat("a", Usage(), [], [], 1.0).remove == [b"k"]  # still to be removed
+    assert reg.counters["echoes_ignored"] == 1
+
+
 def test_hot_nvme_only_objects_get_rate_limited_promotion_tasks(reg):
     keys = [b"h1", b"h2", b"h3"]
     register(reg, "b", NVME, keys)
