@@ -121,7 +121,7 @@ def test_a_restarted_master_gets_everything_back_without_a_node_restart(master, 
     try:
         wait_until(lambda: all(tiers_on(replacement, f"k{i}".encode(), node.node_id) for i in range(20)),
                    what="re-registration with the new master")
-        assert node.registrar.counters["resyncs"] >= 2
+        wait_until(lambda: node.registrar.counters["resyncs"] >= 2, what="the resync to be counted")
     finally:
         replacement.stop()
 
