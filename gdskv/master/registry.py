@@ -100,8 +100,8 @@ class Replica:
 class Obj:
     __slots__ = ("replicas", "heat", "task_at")
 
-    def __init__(self) -> None:
-        self.replicas: List[Replica] = []  # sorted by tier, fastest first
+    def __init__(self, replicas: Optional[List[Replica]] = None) -> None:
+        self.replicas: List[Replica] = replicas if replicas is not None else []  # sorted by tier, fastest first
         self.heat: Optional[Heat] = None  # created on first access
         self.task_at = 0.0  # when a promotion/offload task was last queued (0: none pending)
 
@@ -225,8 +225,14 @@ class Registry:
             node = self._node(node_id)
             for batch in batches:
                 if batch.op == REGISTER:
+                    objects, tier, node_keys = self._objects, batch.tier, node.keys
+                    cancel = bool(node.mailbox.remove)
                     for key, size, crc in zip(batch.keys, batch.sizes, batch.crcs):
-                        if self._register(node, batch.tier, key, size, crc, now):
+                        if not cancel and key not in objects:  # the common case: a new object
+                            objects[key] = Obj([Replica(node, tier, COMPLETE, size, crc)])
+                            node_keys[key] = None
+                            registered += 1
+                        elif self._register(node, tier, key, size, crc, now):
                             registered += 1
                         else:
                             conflicts.append(key)

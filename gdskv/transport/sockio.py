@@ -4,13 +4,19 @@
 resumes after partial sends; ``recv_exact`` fills a caller's buffer with ``recv_into``. Both
 move bytes between the socket and the caller's memory directly, with no intermediate copy.
 A peer that closes before a frame is complete raises :class:`PeerDisconnectedError`.
+
+Sockets stay in blocking mode; deadlines are kernel socket timeouts (``SO_RCVTIMEO`` /
+``SO_SNDTIMEO``, see :func:`set_deadline`), so a transfer costs one system call per chunk
+and not a ``poll`` before each one as Python's ``settimeout`` would.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
-from typing import List, Sequence
+import struct
+from typing import List, Optional, Sequence
 
 from gdskv.errors import PeerDisconnectedError, TransportError
 
@@ -36,9 +42,9 @@ def send_buffers(sock: socket.socket, buffers: Sequence["bytes | memoryview"], *
                 else:
                     pending[start] = head[sent:]
                     sent = 0
-    except socket.timeout:
-        raise TransportError("peer stopped reading (send timed out)", peer=peer, sent=total) from None
     except OSError as exc:
+        if _timed_out(exc):
+            raise TransportError("peer stopped reading (send timed out)", peer=peer, sent=total) from None
         raise TransportError(f"send failed: {exc.strerror or exc}", peer=peer, sent=total, errno=exc.errno) from None
     return total
 
@@ -55,11 +61,11 @@ def recv_exact(sock: socket.socket, view: memoryview, *, peer: str = "", what: s
                     f"peer closed the connection in the middle of a {what}", peer=peer, expected=size, got=got
                 )
             got += n
-    except socket.timeout:
-        raise TransportError(f"peer timed out in the middle of a {what}", peer=peer, expected=size, got=got) from None
     except PeerDisconnectedError:
         raise
     except OSError as exc:
+        if _timed_out(exc):
+            raise TransportError(f"peer timed out in the middle of a {what}", peer=peer, expected=size, got=got) from None
         raise PeerDisconnectedError(
             f"connection broke in the middle of a {what}: {exc.strerror or exc}", peer=peer, expected=size, got=got
         ) from None
@@ -86,11 +92,20 @@ def recv_header_or_eof(sock: socket.socket, size: int, *, peer: str = "") -> "by
     return buf
 
 
-def tune(sock: socket.socket, buffer_bytes: int = 4 << 20) -> None:
-    """No Nagle delay; large socket buffers for multi-MiB transfers."""
+def _timed_out(exc: OSError) -> bool:
+    return isinstance(exc, socket.timeout) or exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
+
+
+def set_deadline(sock: socket.socket, seconds: Optional[float]) -> None:
+    """Fail a send or receive that makes no progress for ``seconds`` (None: wait forever)."""
+    whole = int(seconds) if seconds else 0
+    micro = int(((seconds or 0.0) - whole) * 1e6)
+    timeval = struct.pack("ll", whole, micro)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+def tune(sock: socket.socket) -> None:
+    """Blocking mode, no Nagle delay; the kernel sizes the socket buffers itself."""
+    sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
-        except OSError:
-            pass

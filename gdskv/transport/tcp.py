@@ -43,7 +43,7 @@ from gdskv.transport.frames import (
     encode_request,
     value_crc,
 )
-from gdskv.transport.sockio import recv_bytes, recv_exact, send_buffers, tune
+from gdskv.transport.sockio import recv_bytes, recv_exact, send_buffers, set_deadline, tune
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ class TcpTransport(Transport):
             reason = getattr(exc, "strerror", None) or exc
             raise TransportError(f"cannot connect to peer: {reason}", peer=pool.peer) from None
         tune(sock)
-        sock.settimeout(self.timeout_s)
+        set_deadline(sock, self.timeout_s)
         self.counters["connects"] += 1
         return _Conn(sock, pool.peer)
 

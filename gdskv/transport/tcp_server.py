@@ -33,7 +33,7 @@ from gdskv.transport.frames import (
     encode_response,
     encode_statuses,
 )
-from gdskv.transport.sockio import recv_bytes, recv_exact, recv_header_or_eof, send_buffers, tune
+from gdskv.transport.sockio import recv_bytes, recv_exact, recv_header_or_eof, send_buffers, set_deadline, tune
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,11 @@ class TcpServer(DataServer):
         staging = Staging(self.staging_keep_bytes)
         try:
             while not self._closed:
-                conn.settimeout(None)  # idle between requests: wait as long as the client likes
+                set_deadline(conn, None)  # idle between requests: wait as long as the client likes
                 header = recv_header_or_eof(conn, REQUEST.size, peer=peer)
                 if header is None:
                     return
-                conn.settimeout(self.timeout_s)
+                set_deadline(conn, self.timeout_s)
                 if not self._handle(conn, peer, header, staging):
                     return
                 staging.shrink(self.staging_keep_bytes)
@@ -260,7 +260,7 @@ def _linger(conn: socket.socket, limit: int = 1 << 20, timeout_s: float = 0.2) -
     """Half-close, then drain what the client still sends (briefly), so that the error frame
     is not lost to a reset caused by unread request bytes."""
     conn.shutdown(socket.SHUT_WR)
-    conn.settimeout(timeout_s)
+    set_deadline(conn, timeout_s)
     drained = 0
     try:
         while drained < limit:

@@ -225,10 +225,12 @@ def test_a_provider_failure_is_an_internal_error_status(served, transport):
 
 
 class FakePeer:
-    """Accepts one connection at a time and answers each request with ``reply(request_id)``."""
+    """Accepts one connection at a time and answers each request with ``reply(request_id)``;
+    with ``stall``, then keeps the connection open without sending more until closed."""
 
-    def __init__(self, reply):
+    def __init__(self, reply, stall=False):
         self.reply = reply
+        self.stall = threading.Event() if stall else None
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -248,8 +250,12 @@ class FakePeer:
                 conn.recv(body_len, socket.MSG_WAITALL)
                 request_id = int.from_bytes(head[8:16], "little")
                 conn.sendall(self.reply(request_id))
+                if self.stall is not None:
+                    self.stall.wait(10)
 
     def close(self):
+        if self.stall is not None:
+            self.stall.set()
         self.sock.close()
 
 
@@ -284,3 +290,17 @@ def test_a_lying_or_vanishing_peer_is_detected(reply, error, pattern):
     finally:
         transport.close()
         peer.close()
+
+
+def test_a_peer_that_stalls_mid_value_times_out():
+    peer = FakePeer(lambda rid: ok_item(rid, b"x" * 4096)[:-1], stall=True)
+    stalled = FakePeer(lambda rid: ok_item(rid, b"x" * 4096) + b"x" * 100, stall=True)
+    transport = TcpTransport(connections=1, timeout_s=0.2)
+    try:
+        for p in (peer, stalled):
+            with pytest.raises(TransportError, match="timed out"):
+                transport.read(p.address, [b"k"], [memoryview(bytearray(4096))])
+    finally:
+        transport.close()
+        peer.close()
+        stalled.close()
