@@ -8,13 +8,19 @@ Quick start::
         value = store.get("block-0")        # bytearray, or None on a miss
         store.flush()                       # wait until queued offloads are on SSD
 
-``import gdskv`` imports no GPU, RDMA or engine package.
+A cluster (a ``gdskv-master`` and ``gdskv-node`` daemons)::
+
+    client = gdskv.connect("127.0.0.1:50051")               # thin client
+    client = gdskv.connect("127.0.0.1:50051", local=store)  # this process becomes a node
+
+``import gdskv`` imports no GPU, RDMA or engine package, and no gRPC: :func:`connect` and
+:class:`Client` import the cluster modules on first use.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from gdskv.config import StoreConfig, env_overrides, format_size, parse_size
 from gdskv.errors import (
@@ -32,6 +38,9 @@ from gdskv.errors import (
 )
 from gdskv.store import CheckReport, Store
 from gdskv.types import Tier
+
+if TYPE_CHECKING:
+    from gdskv.client import Client
 
 __version__ = "0.1.0"
 
@@ -65,8 +74,35 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: gdskv.open(path)
     return Store(path, cfg)
 
 
+def connect(master: str, *, local: Optional[Store] = None, **options: Any) -> "Client":
+    """Connect to the cluster whose master listens on ``master`` ("host:port").
+
+    With ``local`` (an open :class:`Store`), this process joins the cluster as a node: its
+    store is registered with the master and served to peers, and reads try it first. With
+    ``local=None`` the client is thin: puts go to the node the master picks. ``options``
+    are :class:`gdskv.node.ClusterConfig` fields. See :mod:`gdskv.client` for the API.
+    """
+    from gdskv.client import Client
+    from gdskv.node.config import ClusterConfig
+
+    try:
+        config = ClusterConfig(**options)
+    except TypeError as exc:  # an unknown keyword
+        raise ConfigError("unknown cluster option", cause=str(exc)) from None
+    return Client(master, local=local, config=config)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Client":  # imported on first use: it brings in gRPC
+        from gdskv.client import Client
+
+        return Client
+    raise AttributeError(f"module 'gdskv' has no attribute {name!r}")
+
+
 __all__ = [
     "CheckReport",
+    "Client",
     "ConfigError",
     "CorruptionError",
     "FormatVersionError",
@@ -81,6 +117,7 @@ __all__ = [
     "StoreConfig",
     "StoreLockedError",
     "Tier",
+    "connect",
     "format_size",
     "open",
     "parse_size",

@@ -68,3 +68,31 @@ class FormatVersionError(GdskvError):
 
 class IoError(GdskvError, OSError):
     """An I/O call failed or returned short; carries path/fd, offset and length."""
+
+
+class ClusterError(GdskvError):
+    """Base of the errors of the cluster: the master, the nodes and the data plane."""
+
+
+class MasterUnavailableError(ClusterError):
+    """The master could not be reached (or did not answer in time)."""
+
+
+class UnknownNodeError(ClusterError):
+    """The master does not know this node (it restarted, or the node's lease expired)."""
+
+
+class RemoteError(ClusterError):
+    """A master or a peer refused a request; ``code`` says why (e.g. INVALID_ARGUMENT)."""
+
+
+class TransportError(ClusterError):
+    """A data-plane transfer failed: the peer is unreachable, or the connection broke."""
+
+
+class PeerDisconnectedError(TransportError):
+    """The peer closed the connection in the middle of a frame (``expected``/``got`` bytes)."""
+
+
+class ProtocolError(TransportError):
+    """A data-plane frame is malformed: bad magic, version, checksum, or a length over a limit."""

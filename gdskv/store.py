@@ -24,11 +24,28 @@ packs queued objects into buckets (sealed when full, when ``bucket_max_keys`` is
 when the oldest has waited ``bucket_max_age_s``). An NVMe object read
 ``promote_after_reads`` times is copied back into DRAM while DRAM is below its high
 watermark.
+
+Cluster hooks (used by :mod:`gdskv.node`; see "cluster hooks" below):
+
+- ``add_listener(listener)``: a :class:`StoreListener` is told, in the order things happen,
+  ``on_stored(tier, [(key, size, crc)])`` once objects are readable in a tier (a put or a
+  promotion committed to DRAM, an offload COMPLETE on NVMe) and ``on_evicting(tier, keys)``
+  *before* the store evicts objects from a tier for capacity: the bytes are still readable
+  while the listener runs and freed only after it returns (two-phase eviction: a node tells
+  the master first). ``remove``, overwrites and corrupt replicas dropped on read are not
+  reported (the caller of ``remove`` knows; a corrupt replica is never served). Listeners
+  run with the store's (or the NVMe backend's) lock held: they must not call the store, and
+  whatever they block on delays the puts that evict. A listener that raises is logged and
+  ignored.
+- ``borrow(keys)``: zero-copy views of DRAM values, pinned until the ``with`` block ends.
+- ``promote(key)``, ``offload(keys)``: do now what the master's promotion and offload tasks
+  ask. ``inventory()``: every readable object with its tier, size and crc.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -37,7 +54,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, List, Optional, Sequence
+from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
@@ -64,6 +81,17 @@ log = logging.getLogger(__name__)
 
 META_FILE = "gdskv.json"
 LOCK_FILE = "LOCK"
+
+
+class StoreListener:
+    """Told when objects become readable in a tier and before they are evicted from one.
+    See "Cluster hooks" in the module docstring for when and under which lock."""
+
+    def on_stored(self, tier: Tier, items: List[Tuple[bytes, int, int]]) -> None:
+        """``items``: (key, size, crc) of objects now readable in ``tier``."""
+
+    def on_evicting(self, tier: Tier, keys: List[bytes]) -> None:
+        """``keys`` are about to be evicted from ``tier``; their bytes go when this returns."""
 
 
 @dataclasses.dataclass
@@ -100,6 +128,7 @@ class Store:
         self._offload_failures = 0
         self._offload_paused_until = 0.0
         self._nvme_reads: dict[bytes, int] = {}
+        self._listeners: List[StoreListener] = []
         self._engine = None
         self._backend = None
         self._offloader: Optional[threading.Thread] = None
@@ -117,6 +146,7 @@ class Store:
                     verify_on_open=config.verify_on_open,
                 )
                 self.recovery = self._backend.recover()
+                self._backend.evict_listener = lambda keys: self._notify_evicting(Tier.NVME, keys)
                 self._offloader = threading.Thread(target=self._offload_loop, name="gdskv-offload", daemon=True)
                 self._offloader.start()
         except BaseException:
@@ -153,6 +183,7 @@ class Store:
                 self._dram.release(entry)
                 return
             self._dram.commit(entry)
+            self._notify_stored(Tier.DRAM, [(k, entry.size, crc)])
             if self._backend is not None:
                 if self.config.offload == "eager":
                     self._enqueue(entry)
@@ -255,6 +286,7 @@ class Store:
             self._counters.add("dram_evicted" if victim.ssd is SsdState.ON_SSD else "dram_dropped")
             self._counters.add("dram_evicted_bytes", victim.size)
             self._nvme_reads.pop(victim.key, None)
+            self._notify_evicting(Tier.DRAM, [victim.key])
             self._dram.detach(victim)
         return True
 
@@ -373,28 +405,37 @@ class Store:
         with self._lock:
             reads = self._nvme_reads.get(k, 0) + 1
             self._nvme_reads[k] = reads
+            if reads < threshold:
+                return
+        self._promote(k, data)
+
+    def _promote(self, k: bytes, data: memoryview) -> bool:
+        """Copy ``data`` (the NVMe value of ``k``) into DRAM if it fits under the high watermark."""
+        assert self._backend is not None
+        with self._lock:
             info = self._backend.lookup(k)
             if (
-                reads < threshold
-                or info is None
+                info is None
                 or info.size != data.nbytes
                 or self._dram.lookup(k) is not None
                 or self._dram.used + data.nbytes > self.config.high_watermark * self._dram.capacity
             ):
-                return
+                return False
             entry = self._dram.reserve(k, info.size, info.crc)
             if entry is None:
-                return
-            del self._nvme_reads[k]
+                return False
+            self._nvme_reads.pop(k, None)
         self._dram.write(entry, data)
         with self._lock:
             if entry.detached:
                 self._dram.release(entry)
-                return
+                return False
             entry.ssd = SsdState.ON_SSD
             self._dram.commit(entry)
             self._counters.add("promoted")
             self._counters.add("promoted_bytes", entry.size)
+            self._notify_stored(Tier.DRAM, [(k, entry.size, entry.crc)])
+            return True
 
     # ================================================================== queries
 
@@ -622,6 +663,7 @@ class Store:
             if entry.detached:  # removed while being written: take the new copy back out
                 self._backend.remove(entry.key)  # type: ignore[union-attr]
                 self._dram.release(entry)
+        self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
         self._counters.add("offloaded", len(batch))
         self._counters.add("offloaded_bytes", sum(e.size for e in batch))
         self._counters.add("offload_seconds", elapsed)
@@ -661,6 +703,104 @@ class Store:
                     break
         for entry in chosen:
             self._enqueue(entry)
+
+    # ================================================================== cluster hooks
+
+    def add_listener(self, listener: StoreListener) -> None:
+        """Register a :class:`StoreListener` (see the module docstring)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: StoreListener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _notify_stored(self, tier: Tier, items: List[Tuple[bytes, int, int]]) -> None:
+        for listener in self._listeners if items else ():
+            try:
+                listener.on_stored(tier, items)
+            except Exception:
+                log.exception("gdskv: store listener failed in on_stored")
+
+    def _notify_evicting(self, tier: Tier, keys: List[bytes]) -> None:
+        for listener in self._listeners if keys else ():
+            try:
+                listener.on_evicting(tier, keys)
+            except Exception:
+                log.exception("gdskv: store listener failed in on_evicting")
+
+    @contextlib.contextmanager
+    def borrow(self, keys: Sequence[Key]) -> Iterator[List[Optional[Tuple[memoryview, int]]]]:
+        """Zero-copy, read-only access to DRAM values: yields, per key, ``(view, crc)`` or
+        None when the key is not in DRAM. The entries stay pinned (neither evicted nor freed)
+        until the block ends; do not keep the views beyond it."""
+        ks = [encode_key(k) for k in keys]
+        pinned: List[DramEntry] = []
+        out: List[Optional[Tuple[memoryview, int]]] = []
+        with self._lock:
+            self._check_open()
+            for k in ks:
+                entry = self._dram.readable(k)
+                if entry is None:
+                    out.append(None)
+                    continue
+                entry.readers += 1
+                self._dram.touch(entry)
+                pinned.append(entry)
+                out.append((self._dram.view(entry).toreadonly(), entry.crc))
+            self._counters.add("dram_hits", len(pinned))
+        try:
+            yield out
+        finally:
+            with self._lock:
+                for entry in pinned:
+                    entry.readers -= 1
+                    self._dram.release(entry)
+
+    def promote(self, key: Key) -> bool:
+        """Copy an NVMe-only object into DRAM now, if DRAM is below its high watermark.
+        Returns whether a DRAM copy was made."""
+        k = encode_key(key)
+        with self._lock:
+            self._check_open()
+            info = self._backend.lookup(k) if self._backend is not None else None
+            if info is None or self._dram.lookup(k) is not None:
+                return False
+        buf = memoryview(bytearray(info.size))
+        sizes = self._backend.read_batch([(k, buf)])  # type: ignore[union-attr]
+        if sizes[0] is None:
+            return False
+        return self._promote(k, buf[: sizes[0]])
+
+    def offload(self, keys: Sequence[Key]) -> int:
+        """Queue DRAM-only objects for SSD now (whatever the offload policy); returns how many."""
+        ks = [encode_key(k) for k in keys]
+        if self._backend is None:
+            return 0
+        with self._lock:
+            self._check_open()
+            queued = 0
+            for k in ks:
+                entry = self._dram.readable(k)
+                if entry is not None and entry.ssd is SsdState.NONE:
+                    self._enqueue(entry)
+                    queued += 1
+            if queued:
+                self._cond.notify_all()
+            return queued
+
+    def inventory(self) -> List[Tuple[bytes, Tier, int, int]]:
+        """``(key, tier, size, crc)`` of every readable object, per tier it is in."""
+        with self._lock:
+            self._check_open()
+            out = [(e.key, Tier.DRAM, e.size, e.crc) for e in self._dram.entries.values() if e.complete]
+            if self._backend is not None:
+                for k in self._backend.keys():
+                    info = self._backend.lookup(k)
+                    if info is not None:
+                        out.append((k, Tier.NVME, info.size, info.crc))
+            return out
 
     # ================================================================== lifecycle
 

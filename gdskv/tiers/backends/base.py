@@ -19,6 +19,10 @@ backend). Primitives and their contracts:
 - ``remove(key) -> bool``: forget the object durably (a reopen does not bring it back).
 - ``check() -> list[bytes]``: verify every object; drop and return the corrupt ones' keys.
 - ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``.
+- ``evict_listener``: when set (by the store), called with the keys of objects about to be
+  evicted for capacity, *before* their bytes are deleted (with the backend's lock held, so
+  it must be quick and must not call the backend). Not called for ``remove`` or for
+  objects dropped as corrupt.
 
 Backends are thread-safe: reads run concurrently with a write and with each other.
 """
@@ -26,7 +30,7 @@ Backends are thread-safe: reads run concurrently with a write and with each othe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,7 @@ class StorageBackend:
 
     name = "base"
     capacity: int
+    evict_listener: Optional[Callable[[List[bytes]], None]] = None
 
     def recover(self) -> RecoveryReport:  # pragma: no cover
         raise NotImplementedError

@@ -291,6 +291,8 @@ class BucketBackend(StorageBackend):
             if victim is None:
                 raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
             bucket = self._buckets[victim]
+            if self.evict_listener is not None and bucket.entries:
+                self.evict_listener(list(bucket.entries))  # before the bytes go (two-phase eviction)
             evicted.extend(bucket.entries)
             self.counters["buckets_evicted"] += 1
             self.counters["objects_evicted"] += len(bucket.entries)

@@ -1,0 +1,7 @@
+"""``python -m gdskv.master``: the same as ``gdskv-master``."""
+
+import sys
+
+from gdskv.master.server import main
+
+sys.exit(main())

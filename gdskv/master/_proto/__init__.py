@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code (scripts/gen_protos.py). Do not edit."""
