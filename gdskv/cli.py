@@ -16,11 +16,13 @@ from gdskv.errors import GdskvError
 
 def build_parser() -> argparse.ArgumentParser:
     from gdskv import demo
+    from gdskv.engine import ttft
 
     parser = argparse.ArgumentParser(prog="gdskv", description="Tiered KV-cache store for LLM serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     demo.add_parser(sub)
+    ttft.add_parser(sub)
     return parser
 
 

@@ -19,6 +19,8 @@ import torch  # noqa: E402
 from gdskv.engine import LayoutMismatchError, ModelShape, PrefixKeys, ReferenceEngine  # noqa: E402
 from gdskv.errors import ConfigError, InvalidValueError  # noqa: E402
 
+torch.set_num_threads(1)  # tiny shapes: one thread is fastest on a shared machine
+
 ATOL = 1e-4
 PAGE = 16
 SHAPE = ModelShape.named("tiny")
