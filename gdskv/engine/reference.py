@@ -34,10 +34,12 @@ from gdskv.engine.layout import LAYOUT_KINDS, PageLayout
 from gdskv.engine.prefix import as_tokens
 from gdskv.errors import ConfigError, InvalidValueError
 
-#: Model shapes by name: ``tiny`` for tests, ``small`` for the benchmark.
+#: Model shapes by name: ``tiny`` for tests, ``small`` for the benchmark (wide for its depth,
+#: so that at 2k tokens of context the projections and MLP, not attention, dominate a
+#: token's prefill, as in real models).
 SHAPES = {
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16),
-    "small": dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64),
+    "small": dict(vocab_size=8192, hidden_size=512, intermediate_size=2048, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64),
 }
 
 
@@ -47,14 +49,14 @@ class ModelShape:
 
     #: Vocabulary size. Default 8192.
     vocab_size: int = 8192
-    #: Width of the residual stream. Default 384.
-    hidden_size: int = 384
-    #: Width of the MLP. Default 1024.
-    intermediate_size: int = 1024
-    #: Transformer layers. Default 6.
-    num_layers: int = 6
-    #: Query heads. Default 6.
-    num_heads: int = 6
+    #: Width of the residual stream. Default 512.
+    hidden_size: int = 512
+    #: Width of the MLP. Default 2048.
+    intermediate_size: int = 2048
+    #: Transformer layers. Default 4.
+    num_layers: int = 4
+    #: Query heads. Default 8.
+    num_heads: int = 8
     #: Key/value heads (grouped-query attention). Default 2.
     num_kv_heads: int = 2
     #: Elements per head. Default 64.
