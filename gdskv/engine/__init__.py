@@ -1,10 +1,10 @@
 """Engine integration: prefix keys, the paged-KV protocol, the offloading allocator and
 the reference engine.
 
-Everything here but :mod:`gdskv.engine.reference` and :mod:`gdskv.engine.ttft` needs only
-numpy and xxhash; those two import torch/transformers (the ``engine`` extra) and
-matplotlib/rich (the ``bench`` extra) when used, and are reached through attribute access
-so that importing this package stays light.
+Importing this package needs only numpy and xxhash. :mod:`gdskv.engine.reference` imports
+torch and transformers (the ``engine`` extra) when an engine is built, and
+:mod:`gdskv.engine.ttft` matplotlib and rich (the ``bench`` extra) when the benchmark runs;
+``ReferenceEngine``, ``ModelShape`` and ``PrefillResult`` are resolved on first access.
 """
 
 from __future__ import annotations
