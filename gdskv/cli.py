@@ -16,6 +16,7 @@ from gdskv.errors import GdskvError
 
 def build_parser() -> argparse.ArgumentParser:
     from gdskv import demo, status
+    from gdskv.engine import ttft
     from gdskv.trace import command as trace_command
 
     parser = argparse.ArgumentParser(prog="gdskv", description="Tiered KV-cache store for LLM serving.")
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     status.add_parser(sub)
     trace_command.add_parser(sub)
+    ttft.add_parser(sub)
     return parser
 
 
