@@ -1,4 +1,5 @@
 # Every target sets itself up on a fresh clone: it creates .venv and installs what it needs.
+SHELL := bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	# The CPU build of torch first, so that nothing below can pull a CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c <(echo torch==2.13.0) -e '.[dev,bench,engine]'
 	touch $(STAMP)
 
 ## The main job: the embedded store on a few GB of KV-sized blocks.
