@@ -33,6 +33,11 @@ tier), then the store's DRAM and SSD (and peers, through a client with the same 
 - ``save(token_ids, pages, start_page=0) -> int``: store level, asynchronous. Snapshots
   the pages not stored yet and queues them (see :mod:`gdskv.engine.saver`); never waits
   for the store.
+- ``stored_pages(keys)``, ``load_keys(keys, pages)``, ``save_keys(keys, pages)``: the same
+  three store-level operations on page keys an engine already has (SGLang hands out its
+  own chained page hashes, mapped into this namespace by
+  :meth:`~gdskv.engine.prefix.PrefixKeys.external_keys`). ``load`` and ``save`` are these
+  with the keys of ``token_ids``.
 
 Safety: keys carry the namespace (model, layout, dtype, page size, TP rank), so a store
 written under another geometry gives misses. A stored object whose size is not exactly
@@ -317,14 +322,7 @@ class OffloadingAllocator:
         if not isinstance(start_page, int) or start_page < 0:
             raise InvalidValueError("start_page must be a non-negative integer", got=start_page)
         keys = self.keys.page_keys(token_ids, start_page + len(pages))[start_page:]
-        with self._lock:
-            self._check_open()
-            present = 0
-            for stored in self._stored(keys):
-                if not stored:
-                    break
-                present += 1
-            return self._load_keys(keys[:present], pages[:present]) * self.page_size
+        return self.load_keys(keys, pages) * self.page_size
 
     def save(self, token_ids: Any, pages: Sequence[int], *, start_page: int = 0) -> int:
         """Queue pages ``start_page..`` of ``token_ids``, held by ``pages``, for the store;
@@ -333,6 +331,40 @@ class OffloadingAllocator:
         if not isinstance(start_page, int) or start_page < 0:
             raise InvalidValueError("start_page must be a non-negative integer", got=start_page)
         keys = self.keys.page_keys(token_ids, start_page + len(pages))[start_page:]
+        return self.save_keys(keys, pages)
+
+    def stored_pages(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are in the store or queued for it (no side effect)."""
+        keys = _key_list(keys)
+        with self._lock:
+            present = 0
+            for stored in self._stored(keys):
+                if not stored:
+                    break
+                present += 1
+            return present
+
+    def load_keys(self, keys: Sequence[bytes], pages: Sequence[int]) -> int:
+        """Load the stored pages named by ``keys`` into ``pages``; return how many leading
+        pages were loaded (a page reaches the engine only when all its segments did)."""
+        keys, pages = _key_list(keys), _page_list(pages)
+        if len(keys) != len(pages):
+            raise InvalidValueError("one page per key", keys=len(keys), pages=len(pages))
+        with self._lock:
+            self._check_open()
+            present = 0
+            for stored in self._stored(keys):
+                if not stored:
+                    break
+                present += 1
+            return self._load_keys(keys[:present], pages[:present])
+
+    def save_keys(self, keys: Sequence[bytes], pages: Sequence[int]) -> int:
+        """Queue ``pages``, holding the KV named by ``keys``, for the store; return how many
+        were queued. Never waits for the store (see :mod:`gdskv.engine.saver`)."""
+        keys, pages = _key_list(keys), _page_list(pages)
+        if len(keys) != len(pages):
+            raise InvalidValueError("one page per key", keys=len(keys), pages=len(pages))
         if self._saver is None:
             return 0
         with self._lock:
@@ -454,3 +486,13 @@ def _page_list(pages: Sequence[int]) -> List[int]:
     if any(p < 0 for p in out):
         raise InvalidValueError("page numbers must be non-negative", got=[p for p in out if p < 0][:8])
     return out
+
+
+def _key_list(keys: Sequence[bytes]) -> List[bytes]:
+    try:
+        items = list(keys)
+    except TypeError:
+        raise InvalidValueError("keys must be a sequence of page keys", got=type(keys).__name__) from None
+    if any(not isinstance(k, bytes) or not k for k in items):
+        raise InvalidValueError("page keys must be non-empty bytes", got=[type(k).__name__ for k in items][:8])
+    return items

@@ -17,13 +17,19 @@ foreign KV.
 
 A key reads ``kv1/<namespace tag, 16 hex>/<page hash, 32 hex>``; a per-layer layout adds
 ``/L<layer>`` for each segment (:meth:`PrefixKeys.segment_keys`).
+
+Engines that chain page hashes themselves (SGLang's HiCache hands a storage backend one
+hash string per page, already covering the page's whole prefix) are keyed with
+:meth:`PrefixKeys.external_keys`: ``h = xxh3_128(namespace digest || "ext" || engine
+hash)``, so the engine's hash names the prefix and the namespace still starts every key:
+a store written under another model or layout gives misses there too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 import xxhash
@@ -152,6 +158,18 @@ class PrefixKeys:
     def page_keys(self, token_ids: Any, n_pages: Optional[int] = None) -> List[bytes]:
         """Store keys of the first ``n_pages`` full pages (default: all)."""
         return [self._prefix + h.hex().encode() for h in self.page_hashes(token_ids, n_pages)]
+
+    def external_keys(self, page_hashes: Sequence[Any]) -> List[bytes]:
+        """Store keys of pages named by an engine's own chained page hashes (``str`` or
+        ``bytes``, each naming a page and its whole prefix), in this namespace."""
+        out: List[bytes] = []
+        for h in page_hashes:
+            raw = h.encode() if isinstance(h, str) else h
+            if not isinstance(raw, (bytes, bytearray)) or not raw:
+                raise InvalidValueError("engine page hashes must be non-empty str or bytes", got=type(h).__name__)
+            digest = xxhash.xxh3_128_digest(self._root + b"ext" + bytes(raw), seed=SEED)
+            out.append(self._prefix + digest.hex().encode())
+        return out
 
     @staticmethod
     def segment_keys(page_key: bytes, num_segments: int) -> List[bytes]:

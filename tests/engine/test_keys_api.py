@@ -1,0 +1,91 @@
+"""Store-level operations on page keys an engine already has (the SGLang path), and the
+namespacing of engine page hashes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdskv.engine import KeyNamespace, PrefixKeys
+from gdskv.errors import InvalidValueError
+
+from .conftest import layout
+
+
+def keys_for(model_id="model-a", **changes):
+    return PrefixKeys(KeyNamespace.for_layout(model_id, layout(**changes)))
+
+
+def test_external_keys_are_deterministic_and_namespaced():
+    hashes = ["a" * 64, "b" * 64]
+    a = keys_for().external_keys(hashes)
+    assert a == keys_for().external_keys(hashes)
+    assert len(set(a)) == 2
+    assert a == keys_for().external_keys([h.encode() for h in hashes])
+    other_model = keys_for("model-b").external_keys(hashes)
+    other_page = keys_for(page_size=32).external_keys(hashes)
+    assert not set(a) & set(other_model)
+    assert not set(a) & set(other_page)
+    # never the key of a token page either
+    assert not set(a) & set(keys_for().page_keys(np.arange(64)))
+
+
+def test_external_keys_reject_empty_or_wrong_types():
+    with pytest.raises(InvalidValueError):
+        keys_for().external_keys([""])
+    with pytest.raises(InvalidValueError):
+        keys_for().external_keys([12])
+
+
+def test_save_keys_then_load_keys_byte_for_byte(make_store, make_allocator):
+    store = make_store()
+    a_engine, a = make_allocator(store)
+    keys = a.keys.external_keys(["h0", "h1", "h2"])
+    pages = a_engine.allocate(3)
+    want = [a_engine.fill(p, seed=10 + i) for i, p in enumerate(pages)]
+    assert a.save_keys(keys, pages) == 3
+    assert a.stored_pages(keys) == 3  # queued or stored: visible at once
+    assert a.flush(10)
+    b_engine, b = make_allocator(store)
+    assert b.stored_pages(keys) == 3
+    assert b.stored_pages(keys[1:] + b.keys.external_keys(["nope"])) == 2
+    fresh = b_engine.allocate(3)
+    assert b.load_keys(keys, fresh) == 3
+    for page, expected in zip(fresh, want):
+        assert np.array_equal(b_engine.pool[page], expected)
+
+
+def test_load_keys_stops_at_the_first_missing_page(make_store, make_allocator):
+    store = make_store()
+    engine, a = make_allocator(store)
+    keys = a.keys.external_keys(["x0", "x1", "x2"])
+    pages = engine.allocate(3)
+    for i, p in enumerate(pages):
+        engine.fill(p, seed=i)
+    a.save_keys([keys[0], keys[2]], [pages[0], pages[2]])
+    assert a.flush(10)
+    fresh = engine.allocate(3)
+    assert a.load_keys(keys, fresh) == 1
+
+
+def test_key_operations_check_their_arguments(make_store, make_allocator):
+    engine, a = make_allocator(make_store())
+    keys = a.keys.external_keys(["k"])
+    with pytest.raises(InvalidValueError):
+        a.load_keys(keys, [0, 1])
+    with pytest.raises(InvalidValueError):
+        a.save_keys(["not-bytes"], [0])
+    with pytest.raises(InvalidValueError):
+        a.stored_pages([b""])
+
+
+def test_another_namespace_sees_misses(make_store, make_allocator):
+    store = make_store()
+    engine, a = make_allocator(store, model_id="model-a")
+    keys = a.keys.external_keys(["p0"])
+    page = engine.allocate(1)
+    engine.fill(page[0], seed=1)
+    a.save_keys(keys, page)
+    assert a.flush(10)
+    _, b = make_allocator(store, model_id="model-b")
+    assert b.stored_pages(b.keys.external_keys(["p0"])) == 0
