@@ -218,6 +218,12 @@ class GdskvConnector(KVConnectorBase_V1):
                 else:
                     state.block_ids.extend(new_ids[0])
             self._plan(meta, req_id, state, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
+        if zero and meta.loads:
+            # Blocks this step loads whole are written before any use (the one change to
+            # the scheduler output that vLLM allows a synchronous loader).
+            loaded = {b for span in meta.loads for b in span.block_ids}
+            scheduler_output.new_block_ids_to_zero = [b for b in zero if b not in loaded]
         return meta
 
     def _plan(self, meta: GdskvConnectorMetadata, req_id: str, state: _Request, computed_after: int) -> None:

