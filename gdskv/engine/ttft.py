@@ -46,6 +46,10 @@ import numpy as np
 from gdskv.config import MiB, StoreConfig, format_size, parse_size
 from gdskv.errors import ConfigError
 
+#: Engines the benchmark drives: the reference engine, or vLLM with the gdskv connector
+#: (:mod:`gdskv.engine.ttft_vllm`).
+ENGINES = ("reference", "vllm")
+
 #: The four configurations, in the order they run and are plotted.
 CONFIGS = ("device", "dram", "dram+ssd", "dram+ssd+promote")
 
@@ -442,6 +446,7 @@ def _banner(cfg: TtftConfig, shape, p: Plan) -> Dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = TtftConfig()
+    parser.add_argument("--engine", choices=ENGINES, default="reference", help="reference (default) or vllm: the real vLLM engine with the gdskv connector")
     parser.add_argument("--quick", action="store_true", help="tiny model, short workload (well under a minute)")
     parser.add_argument("--conversations", type=int, help=f"concurrent conversations (default {d.conversations})")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {d.rounds})")
@@ -463,6 +468,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TtftConfig:
     fields: Dict[str, Any] = dict(QUICK) if args.quick else {}
+    if args.quick and getattr(args, "engine", "reference") == "vllm":
+        fields["page_size"] = 32  # vLLM's CPU attention: pages of a multiple of 32 tokens
     for arg, field in (
         ("conversations", "conversations"),
         ("rounds", "rounds"),
@@ -494,7 +501,12 @@ def run_command(args: argparse.Namespace) -> int:
     from gdskv.engine import ttft_report
 
     cfg = config_from_args(args)
-    report = run(cfg, progress=not args.no_progress)
+    if getattr(args, "engine", "reference") == "vllm":
+        from gdskv.engine import ttft_vllm
+
+        report = ttft_vllm.run(cfg, progress=not args.no_progress)
+    else:
+        report = run(cfg, progress=not args.no_progress)
     print(ttft_report.render(report))
     return 0
 

@@ -158,7 +158,8 @@ def render_acceptance(acc: Dict[str, Any]) -> str:
 
 def render(report) -> str:
     """Banner, table, acceptance and output paths: what ``gdskv bench-ttft`` prints."""
-    lines = ["gdskv TTFT per round (reference engine, output length 1)"]
+    engine = "vLLM" if str(report.banner.get("engine", "")).startswith("vLLM") else "reference engine"
+    lines = [f"gdskv TTFT per round ({engine}, output length 1)"]
     lines += [f"  {k}: {v}" for k, v in report.banner.items()]
     lines += ["", table(report.results), "", render_acceptance(report.acceptance)]
     if report.json_path is not None:
