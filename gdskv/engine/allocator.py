@@ -38,6 +38,13 @@ tier), then the store's DRAM and SSD (and peers, through a client with the same 
   own chained page hashes, mapped into this namespace by
   :meth:`~gdskv.engine.prefix.PrefixKeys.external_keys`). ``load`` and ``save`` are these
   with the keys of ``token_ids``.
+- Layer by layer, for engines that move a page's layers one at a time (vLLM's per-layer
+  hooks): ``stage_pages(spans)`` reads the stored pages of several spans of keys into host
+  staging with one batch read and returns, per span, the segment buffers of its leading
+  pages that arrived whole, for the engine to copy from (valid until the next load or
+  stage); ``reserve_save(keys)`` takes staging slots for the pages not stored yet and
+  returns a :class:`~gdskv.engine.saver.Reservation` whose segments the engine fills before
+  it commits (or aborts) it.
 
 Safety: keys carry the namespace (model, layout, dtype, page size, TP rank), so a store
 written under another geometry gives misses. A stored object whose size is not exactly
@@ -371,11 +378,61 @@ class OffloadingAllocator:
             self._check_open()
             return self._saver.save(keys[::-1], pages[::-1], self.engine.read_page)
 
+    def stage_pages(self, spans: Sequence[Sequence[bytes]]) -> List[List[List[np.ndarray]]]:
+        """Read the stored pages of each span of page keys into host staging (one batch
+        read); return per span the segment buffers of its leading pages that arrived whole.
+        The buffers stay valid until the next load or stage call. See the module docstring."""
+        spans = [_key_list(keys) for keys in spans]
+        with self._lock:
+            self._check_open()
+            leading = []
+            for keys in spans:
+                present = 0
+                for stored in self._stored(keys):
+                    if not stored:
+                        break
+                    present += 1
+                leading.append(keys[:present])
+            flat = [k for keys in leading for k in keys]
+            segs, ok, from_queue = self._stage(flat)
+            out: List[List[List[np.ndarray]]] = []
+            at = 0
+            for keys in leading:
+                span_ok = ok[at : at + len(keys)]
+                n = next((i for i, good in enumerate(span_ok) if not good), len(keys))
+                out.append(segs[at : at + n])
+                self._count_loaded(n, from_queue[at : at + len(keys)])
+                at += len(keys)
+            return out
+
+    def reserve_save(self, keys: Sequence[bytes]):
+        """Staging slots for the pages of ``keys`` not stored, queued or reserved yet; the
+        engine fills them and commits. See :mod:`gdskv.engine.saver`. A closed allocator or
+        one without a store reserves nothing."""
+        from gdskv.engine.saver import Reservation
+
+        keys = _key_list(keys)
+        with self._lock:
+            if self._saver is None or self._closed:
+                return Reservation(self._saver, [])
+            return self._saver.reserve(keys)
+
     def _load_keys(self, keys: Sequence[bytes], pages: Sequence[int]) -> int:
         """Read ``keys`` into host staging, then copy the leading whole pages into
         ``pages``. Returns the number of pages loaded. Lock held."""
+        segs, ok, from_queue = self._stage(keys)
+        loaded = next((i for i in range(len(ok)) if not ok[i]), len(ok))
+        for i in range(loaded):
+            self.engine.write_page(pages[i], segs[i])
+        self._count_loaded(loaded, from_queue)
+        return loaded
+
+    def _stage(self, keys: Sequence[bytes]):
+        """Read ``keys`` (queued pages from the save queue, the rest with one batch read)
+        into host staging; return each page's segment buffers and whether it arrived
+        whole and whether it came from the save queue. Lock held."""
         if not keys or self.store is None:
-            return 0
+            return [], [False] * len(keys), [False] * len(keys)
         assert self._saver is not None
         lay = self.layout
         n, s, size = len(keys), lay.num_segments, lay.segment_nbytes
@@ -396,12 +453,11 @@ class OffloadingAllocator:
                 self.counters["size_mismatch"] += 1
                 log.warning("gdskv: stored KV page has the wrong size, treated as a miss: %r", keys[i][:64])
             # else: some segment is gone (evicted since the lookup): a plain miss
-        loaded = next((i for i in range(n) if not ok[i]), n)
-        for i in range(loaded):
-            self.engine.write_page(pages[i], segs[i])
-        self.counters["pages_loaded"] += loaded
-        self.counters["pages_loaded_from_queue"] += sum(1 for i in range(loaded) if i in queued)
-        return loaded
+        return segs, ok, [i in queued for i in range(n)]
+
+    def _count_loaded(self, n: int, from_queue: Sequence[bool]) -> None:
+        self.counters["pages_loaded"] += n
+        self.counters["pages_loaded_from_queue"] += sum(1 for q in from_queue[:n] if q)
 
     def _batch_get(self, keys: List[bytes], outs: List[np.ndarray]) -> List[Optional[int]]:
         """``Store.batch_get_into``; an object larger than its segment (which fails the

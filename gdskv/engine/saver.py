@@ -16,6 +16,12 @@ Contract:
   bits) is counted as ``existing`` and left alone.
 - :meth:`flush` waits until the queue is empty; :meth:`close` (idempotent) drains or drops
   the queue and stops the thread.
+- Two-phase form, for engines that copy a page layer by layer (vLLM's ``save_kv_layer``):
+  :meth:`AsyncSaver.reserve` takes a staging slot for each page not stored, queued or
+  reserved yet (dropping, counted, when none is free) and returns a :class:`Reservation`;
+  the engine fills each slot's segments, then :meth:`Reservation.commit` queues the pages
+  (visible to lookups from then on) or :meth:`Reservation.abort` gives the slots back.
+  :meth:`save` is ``reserve`` + ``read_page`` into every slot + ``commit``.
 
 Staging is one host arena allocated once, cut into ``page_nbytes`` slots.
 """
@@ -26,7 +32,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Deque, Dict, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -50,6 +56,7 @@ class AsyncSaver:
         self._free: List[int] = list(range(self.slots - 1, -1, -1))
         self._pending: Dict[bytes, int] = {}  # page key -> slot, until its put completes
         self._queue: Deque[bytes] = collections.deque()
+        self._reserved: Set[bytes] = set()  # keys whose slot the engine is filling
         self._busy = 0  # pages taken off the queue and being put
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -64,37 +71,67 @@ class AsyncSaver:
     def save(self, keys: Sequence[bytes], pages: Sequence[int], read_page: ReadPage) -> int:
         """Queue ``pages`` (holding the KV of ``keys``) for the store; return how many were
         queued. Never waits for the store; see the module docstring."""
+        reservation = self.reserve(keys)
+        try:
+            for k, (index, _key, _slot) in enumerate(reservation.items):
+                read_page(pages[index], reservation.segments(k))
+        except BaseException:
+            reservation.abort()
+            raise
+        return reservation.commit()
+
+    def reserve(self, keys: Sequence[bytes]) -> "Reservation":
+        """A staging slot for each of ``keys`` not stored, queued or reserved yet (see the
+        module docstring). Never waits for the store."""
         with self._lock:
             if self._closed:
-                return 0
-            todo = [(k, p) for k, p in zip(keys, pages) if k not in self._pending]
+                return Reservation(self, [])
+            seen = set()
+            todo = []
+            for i, k in enumerate(keys):
+                if k in self._pending or k in self._reserved or k in seen:
+                    continue
+                seen.add(k)
+                todo.append((i, k))
             self.counters["skipped_pending"] += len(keys) - len(todo)
         if not todo:
-            return 0
-        stored = self._stored([k for k, _ in todo])
-        queued = 0
-        for (key, page), is_stored in zip(todo, stored):
-            if is_stored:
-                self._count("skipped_stored")
-                continue
-            with self._lock:
-                if not self._free:
+            return Reservation(self, [])
+        stored = self._stored([k for _, k in todo])
+        items = []
+        with self._lock:
+            for (index, key), is_stored in zip(todo, stored):
+                if is_stored:
+                    self.counters["skipped_stored"] += 1
+                elif key in self._pending or key in self._reserved:
+                    self.counters["skipped_pending"] += 1
+                elif not self._free:
                     self.counters["dropped_full"] += 1
-                    continue
-                slot = self._free.pop()
-            try:
-                read_page(page, self._segments(slot))
-            except BaseException:
-                with self._lock:
+                else:
+                    slot = self._free.pop()
+                    self._reserved.add(key)
+                    items.append((index, key, slot))
+        return Reservation(self, items)
+
+    def _commit(self, items: Sequence[tuple]) -> int:
+        with self._lock:
+            for _index, key, slot in items:
+                self._reserved.discard(key)
+                if self._closed:
                     self._free.append(slot)
-                raise
-            with self._lock:
+                    continue
                 self._pending[key] = slot
                 self._queue.append(key)
-                self._cond.notify_all()
-            queued += 1
-        self._count("submitted", queued)
+            self._cond.notify_all()
+            queued = 0 if self._closed else len(items)
+            self.counters["submitted"] += queued
         return queued
+
+    def _abort(self, items: Sequence[tuple]) -> None:
+        with self._lock:
+            for _index, key, slot in items:
+                self._reserved.discard(key)
+                self._free.append(slot)
+            self._cond.notify_all()
 
     def _stored(self, keys: List[bytes]) -> List[bool]:
         """Whether every segment of each page is in the store (a store fault: False)."""
@@ -213,3 +250,35 @@ class AsyncSaver:
             self._drop_queue = not drain
             self._cond.notify_all()
         self._thread.join()
+
+
+class Reservation:
+    """Staging slots taken by :meth:`AsyncSaver.reserve`, being filled by the engine.
+
+    ``items`` holds ``(index in the keys asked for, key, slot)`` for each page that got a
+    slot; :meth:`segments` gives the writable segment buffers of item ``k``. Exactly one of
+    :meth:`commit` and :meth:`abort` ends it (later calls do nothing).
+    """
+
+    def __init__(self, saver: Optional[AsyncSaver], items: List[Tuple[int, bytes, int]]) -> None:
+        self.saver = saver
+        self.items = items
+        self._done = False
+
+    def segments(self, k: int) -> List[np.ndarray]:
+        return self.saver._segments(self.items[k][2])
+
+    def commit(self) -> int:
+        """Queue the filled pages for the store; return how many were queued."""
+        if self._done:
+            return 0
+        self._done = True
+        return self.saver._commit(self.items) if self.items else 0
+
+    def abort(self) -> None:
+        """Give the slots back without saving."""
+        if self._done:
+            return
+        self._done = True
+        if self.items:
+            self.saver._abort(self.items)

@@ -12,6 +12,8 @@ over those tensors for the store-level operations of the
 :class:`~gdskv.engine.allocator.OffloadingAllocator` (``load`` / ``save``): pages are the
 engine's block numbers and their allocation stays with the engine, so ``allocate``
 raises :class:`~gdskv.engine.errors.PoolExhaustedError` and ``free`` is refused.
+``read_segment`` / ``write_segment`` move one layer of one block, for the per-layer hooks
+of an engine (staged loads and reserved saves of the allocator).
 :class:`NoPagesEngine` has a layout and no pages at all: an allocator over it answers
 lookups against the store (a scheduler process holds no KV).
 
@@ -109,9 +111,30 @@ class TensorPagesEngine:
             block.copy_(self._view(src, block))
         self.writes += 1
 
-    def _blocks(self, page: int, bufs: Sequence[Any]) -> List[Any]:
+    def read_segment(self, page: int, layer: int, out: Any) -> None:
+        """Copy block ``page`` of layer ``layer`` into ``out`` (one uint8 array)."""
+        block = self._block(page, layer, out)
+        self._view(out, block).copy_(block)
+
+    def write_segment(self, page: int, layer: int, src: Any) -> None:
+        """Copy ``src`` (one uint8 array) into block ``page`` of layer ``layer``."""
+        block = self._block(page, layer, src)
+        block.copy_(self._view(src, block))
+
+    def _block(self, page: int, layer: int, buf: Any) -> Any:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.layout.num_layers:
+            raise InvalidValueError("no such layer", layer=layer, num_layers=self.layout.num_layers)
+        self._check_page(page)
+        if memoryview(buf).nbytes != self.layout.layer_nbytes:
+            raise LayoutMismatchError("page segment has the wrong size", expected=self.layout.layer_nbytes, got=memoryview(buf).nbytes)
+        return self.tensors[layer].select(self.block_dims[layer], int(page))
+
+    def _check_page(self, page: int) -> None:
         if isinstance(page, bool) or not isinstance(page, (int, np.integer)) or not 0 <= page < self.num_blocks:
             raise InvalidValueError("not a block of this KV cache", page=page, num_blocks=self.num_blocks)
+
+    def _blocks(self, page: int, bufs: Sequence[Any]) -> List[Any]:
+        self._check_page(page)
         if len(bufs) != self.layout.num_layers:
             raise LayoutMismatchError("wrong number of page segments", expected=self.layout.num_layers, got=len(bufs))
         size = self.layout.layer_nbytes

@@ -27,17 +27,19 @@ Worker side (``KVConnectorRole.WORKER``):
 - ``register_kv_caches``: wraps vLLM's per-layer KV tensors in a
   :class:`~gdskv.engine.tensor_pages.TensorPagesEngine`; one store object per page and
   layer (``per_layer`` layout).
-- ``start_load_kv``: loads the step's pages before the forward (one batch read from the
-  store for every layer of every page; KV still in the save queue is served from there).
+- ``start_load_kv``: reads the step's pages to load from the store into host staging
+  (one batch read for every layer of every page; KV still in the save queue is served
+  from there), and reserves staging slots for the step's pages to save (pages stored or
+  queued already are skipped; when staging is full, pages are shed and counted).
   A page that cannot be loaded (evicted since the lookup, corrupt, store down) is reported
   through ``get_block_ids_with_load_errors`` so that vLLM recomputes it (with
   ``kv_load_failure_policy="recompute"``); KV of the wrong size never reaches the engine.
-- ``wait_for_layer_load`` and ``save_kv_layer``: nothing to wait for or start per layer —
-  loads finish in ``start_load_kv``, and saves snapshot whole pages once the step's
-  forward is done.
-- ``wait_for_save``: copies the step's finished prompt pages into host staging and
-  returns; a background thread puts them into the store. It never waits for the store
-  and sheds pages (counted) when the staging is full.
+- ``wait_for_layer_load(layer)``: copies that layer of the loaded pages into their blocks,
+  just before the layer's attention. ``save_kv_layer(layer)``: copies that layer of the
+  pages to save into their staging slots, right after the layer's attention wrote them.
+- ``wait_for_save``: commits the filled slots to the save queue and returns; a background
+  thread puts them into the store. It never waits for the store. A layer whose hook did
+  not run is copied here for saves, and reported as a failed load (recomputed) for loads.
 
 The scheduler and the worker of one engine process share one store
 (:func:`~gdskv.engine.attach.acquire_store`), and the scheduler's lookups see the worker's
@@ -115,6 +117,18 @@ class GdskvConnectorMetadata(KVConnectorMetadata):
 
 
 @dataclasses.dataclass
+class _Step:
+    """Worker-side state of one engine step: staged loads and reserved saves, and the
+    layers the per-layer hooks have moved so far."""
+
+    meta: GdskvConnectorMetadata
+    loads: List[Tuple[PageSpan, List[List[Any]]]] = dataclasses.field(default_factory=list)
+    saves: List[Tuple[PageSpan, Any]] = dataclasses.field(default_factory=list)
+    loaded_layers: Set[int] = dataclasses.field(default_factory=set)
+    saved_layers: Set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
 class _Request:
     """Scheduler-side state of a running request."""
 
@@ -144,6 +158,9 @@ class GdskvConnector(KVConnectorBase_V1):
         self._requests: Dict[str, _Request] = {}
         self._hits: Dict[str, Tuple[int, int]] = {}  # req id -> (local tokens, gdskv tokens) of its last lookup
         self._load_errors: Set[int] = set()
+        self._engine: Optional[TensorPagesEngine] = None
+        self._layer_index: Dict[str, int] = {}
+        self._step: Optional[_Step] = None
         self._closed = False
         self.counters: Dict[str, int] = dict.fromkeys(
             (
@@ -262,51 +279,104 @@ class GdskvConnector(KVConnectorBase_V1):
         if missing:
             raise ConfigError("KV caches missing for layers", layers=", ".join(missing[:8]))
         engine = TensorPagesEngine(self.layout, [kv_caches[n] for n in names], num_blocks=self.num_blocks)
+        self._engine = engine
+        self._layer_index = {n: i for i, n in enumerate(names)}
         self.allocator = OffloadingAllocator(engine, self.store, config=self.offload, namespace=self.namespace)
         with _workers_lock:
             _workers[self._worker_key] = weakref.ref(self.allocator)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        """Load this step's pages into their blocks before the forward (see the module docstring)."""
-        meta = self._metadata()
-        if meta is None or not meta.loads:
-            return
-        for span in meta.loads:
-            want = len(span.block_ids)
-            loaded = 0
-            if self.allocator is not None:
-                try:
-                    loaded = self.allocator.load(span.token_ids, span.block_ids, start_page=span.start_page) // self.page_size
-                except GdskvError as exc:
-                    log.warning("gdskv: loading KV failed, the engine recomputes it: %s", exc)
-            self.counters["load_requests"] += 1
-            self.counters["loaded_tokens"] += loaded * self.page_size
-            if loaded < want:
-                failed = span.block_ids[loaded:]
-                self._load_errors.update(failed)
-                self.counters["load_failed_blocks"] += len(failed)
+        """Read this step's pages from the store into host staging (one batch read) and
+        reserve staging for its saves; layers are copied by the per-layer hooks."""
+        self._step_state()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Nothing to wait for: ``start_load_kv`` finished every layer."""
-        return None
+        """Copy this layer of the step's loaded pages into their blocks."""
+        step, layer = self._step, self._layer_index.get(layer_name)
+        if step is None or layer is None or layer in step.loaded_layers:
+            return
+        engine = self._engine
+        for span, pages in step.loads:
+            for j, segs in enumerate(pages):
+                engine.write_segment(span.block_ids[j], layer, segs[layer])
+        step.loaded_layers.add(layer)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
-        """Nothing per layer: ``wait_for_save`` snapshots whole pages after the forward."""
-        return None
+        """Copy this layer of the step's finished prompt pages into their staging slots."""
+        step, layer = self._step_state(), self._layer_index.get(layer_name)
+        if step is None or layer is None or layer in step.saved_layers:
+            return
+        self._copy_layer_for_saves(step, layer)
 
     def wait_for_save(self):
-        """Queue this step's finished prompt pages for the store; never waits for it."""
-        meta = self._metadata()
-        if meta is None or not meta.saves or self.allocator is None:
+        """Queue the step's finished prompt pages for the store (copying any layer the
+        per-layer hooks did not); never waits for the store. Ends the step."""
+        step = self._step_state()
+        self._step = None
+        if step is None:
             return
+        missed = [i for i in range(self.layout.num_layers) if i not in step.loaded_layers]
+        if missed and step.loads:
+            # A layer whose hook never ran was not loaded: vLLM recomputes those blocks.
+            for span, pages in step.loads:
+                failed = span.block_ids[: len(pages)]
+                self._load_errors.update(failed)
+                self.counters["load_failed_blocks"] += len(failed)
+                self.counters["loaded_tokens"] -= len(pages) * self.page_size
+        for layer in range(self.layout.num_layers):
+            if layer not in step.saved_layers:
+                self._copy_layer_for_saves(step, layer)
+        for _span, reservation in step.saves:
+            self.counters["save_pages_queued"] += reservation.commit()
+
+    def _copy_layer_for_saves(self, step: "_Step", layer: int) -> None:
+        engine = self._engine
+        for span, reservation in step.saves:
+            for k, (index, _key, _slot) in enumerate(reservation.items):
+                engine.read_segment(span.block_ids[index], layer, reservation.segments(k)[layer])
+        step.saved_layers.add(layer)
+
+    def _step_state(self) -> Optional["_Step"]:
+        """The worker's state for the bound metadata, built on first use in a step."""
+        meta = self._metadata()
+        if meta is None or self.allocator is None or self._engine is None:
+            return None
+        if self._step is not None and self._step.meta is meta:
+            return self._step
+        if self._step is not None:  # a step that never reached wait_for_save
+            for _span, reservation in self._step.saves:
+                reservation.abort()
+        step = self._step = _Step(meta)
+        keys = self.allocator.keys
+        if meta.loads:
+            spans = [keys.page_keys(s.token_ids, s.start_page + len(s.block_ids))[s.start_page :] for s in meta.loads]
+            try:
+                staged = self.allocator.stage_pages(spans)
+            except GdskvError as exc:
+                log.warning("gdskv: loading KV failed, the engine recomputes it: %s", exc)
+                staged = [[] for _ in spans]
+            for span, pages in zip(meta.loads, staged):
+                step.loads.append((span, pages))
+                self.counters["load_requests"] += 1
+                self.counters["loaded_tokens"] += len(pages) * self.page_size
+                failed = span.block_ids[len(pages) :]
+                if failed:
+                    self._load_errors.update(failed)
+                    self.counters["load_failed_blocks"] += len(failed)
         for span in meta.saves:
             try:
-                queued = self.allocator.save(span.token_ids, span.block_ids, start_page=span.start_page)
+                span_keys = keys.page_keys(span.token_ids, span.start_page + len(span.block_ids))[span.start_page :]
+                step.saves.append((span, self.allocator.reserve_save(span_keys)))
             except GdskvError as exc:
                 log.warning("gdskv: saving KV failed (the engine goes on): %s", exc)
                 continue
             self.counters["save_requests"] += 1
-            self.counters["save_pages_queued"] += queued
+        return step
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Dict[str, Any]) -> bool:
+        """The per-layer hooks move KV: they must run between CUDA graph pieces."""
+        return True
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         """Blocks whose load failed since the last call (vLLM recomputes them)."""
@@ -336,6 +406,10 @@ class GdskvConnector(KVConnectorBase_V1):
         if self._closed:
             return
         self._closed = True
+        if self._step is not None:
+            for _span, reservation in self._step.saves:
+                reservation.abort()
+            self._step = None
         if self.allocator is not None:
             self.allocator.close(drain=True)
             with _workers_lock:

@@ -89,3 +89,62 @@ def test_another_namespace_sees_misses(make_store, make_allocator):
     assert a.flush(10)
     _, b = make_allocator(store, model_id="model-b")
     assert b.stored_pages(b.keys.external_keys(["p0"])) == 0
+
+
+def test_stage_pages_reads_several_spans_in_one_batch(make_store, make_allocator):
+    store = make_store()
+    engine, a = make_allocator(store)
+    keys = a.keys.external_keys([f"s{i}" for i in range(4)])
+    pages = engine.allocate(4)
+    want = [engine.fill(p, seed=40 + i) for i, p in enumerate(pages)]
+    a.save_keys(keys[:3], pages[:3])  # the fourth page is never stored
+    assert a.flush(10)
+    staged = a.stage_pages([keys[:2], [keys[2], keys[3], keys[0]], [keys[3]]])
+    assert [len(span) for span in staged] == [2, 1, 0]
+    for span, idx in ((staged[0], [0, 1]), (staged[1], [2])):
+        for segs, i in zip(span, idx):
+            assert np.array_equal(np.concatenate(segs), want[i])
+    assert a.stats()["pages_loaded"] == 3
+
+
+def test_reserve_save_commits_pages_filled_segment_by_segment(make_store, make_allocator):
+    store = make_store()
+    engine, a = make_allocator(store)
+    keys = a.keys.external_keys(["r0", "r1", "r2"])
+    pages = engine.allocate(3)
+    want = [engine.fill(p, seed=50 + i) for i, p in enumerate(pages)]
+    res = a.reserve_save(keys + keys[:1])  # a repeated key gets one slot
+    assert [index for index, _, _ in res.items] == [0, 1, 2]
+    size = a.layout.segment_nbytes
+    for layer in range(a.layout.num_segments):
+        for k, (index, _key, _slot) in enumerate(res.items):
+            res.segments(k)[layer][:] = want[index][layer * size : (layer + 1) * size]
+    assert a.stored_pages(keys) == 0  # reserved pages are not visible before the commit
+    assert a.reserve_save(keys).items == []  # nor reserved twice
+    assert res.commit() == 3
+    assert res.commit() == 0
+    assert a.stored_pages(keys) == 3
+    assert a.flush(10)
+    fresh = engine.allocate(3)
+    assert a.load_keys(keys, fresh) == 3
+    for page, expected in zip(fresh, want):
+        assert np.array_equal(engine.pool[page], expected)
+
+
+def test_an_aborted_reservation_frees_its_slots(make_store, make_allocator):
+    engine, a = make_allocator(make_store(), staging_bytes="64KiB")
+    slots = a.stats()["save"]["free_slots"]
+    res = a.reserve_save(a.keys.external_keys(["a0", "a1"]))
+    assert a.stats()["save"]["free_slots"] == slots - 2
+    res.abort()
+    assert a.stats()["save"]["free_slots"] == slots
+    assert a.stored_pages(a.keys.external_keys(["a0"])) == 0
+    assert a.reserve_save(a.keys.external_keys(["a0"])).items  # reservable again
+
+
+def test_without_a_store_nothing_is_reserved(make_allocator):
+    _, a = make_allocator(None)
+    res = a.reserve_save(a.keys.external_keys(["n0"]))
+    assert res.items == [] and res.commit() == 0
+    res.abort()
+    assert a.stage_pages([a.keys.external_keys(["n0"])]) == [[]]

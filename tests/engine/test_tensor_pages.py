@@ -81,3 +81,18 @@ def test_a_lookup_only_allocator_answers_from_the_store(make_store):
     assert look.stored_pages(look.keys.page_keys(toks)) == 2
     a.close()
     look.close()
+
+
+def test_one_layer_of_one_block_at_a_time():
+    src, dst = cpu_caches(seed=1), cpu_caches(seed=2)
+    a = TensorPagesEngine(LAYOUT, src, num_blocks=6)
+    b = TensorPagesEngine(LAYOUT, dst, num_blocks=6)
+    buf = np.empty(LAYOUT.layer_nbytes, np.uint8)
+    a.read_segment(4, 1, buf)
+    b.write_segment(2, 1, buf)
+    assert torch.equal(dst[1][2], src[1][4])
+    assert not torch.equal(dst[0][2], src[0][4])  # the other layer is untouched
+    with pytest.raises(InvalidValueError):
+        a.read_segment(4, 2, buf)
+    with pytest.raises(LayoutMismatchError):
+        a.read_segment(4, 0, buf[:8])

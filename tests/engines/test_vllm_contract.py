@@ -206,3 +206,28 @@ def test_bad_options_are_config_errors(tmp_path):
     cfg.kv_transfer_config = KVTransferConfig(kv_connector="GdskvConnector", kv_connector_module_path="gdskv.engine.vllm", kv_role="kv_both")
     with pytest.raises(ConfigError, match="path"):
         GdskvConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config())
+
+
+def test_layers_whose_hooks_never_ran_are_saved_anyway_and_not_trusted_as_loaded(tmp_path):
+    prompt = list(range(2 * BLOCK + 1))
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    caches = cpu_caches(1)
+    worker.register_kv_caches(caches)
+    for hooks in (False, True):
+        worker.bind_connector_metadata(GdskvConnectorMetadata(saves=[_span(prompt, [3, 4])]))
+        worker.start_load_kv(None)
+        if hooks:
+            worker.save_kv_layer(NAMES[0], None, None)
+        worker.wait_for_save()
+        worker.clear_connector_metadata()
+    assert worker.flush(10)
+    assert worker.stats()["save_pages_queued"] == 2  # the second step found them queued or stored
+    worker.bind_connector_metadata(GdskvConnectorMetadata(loads=[_span(prompt, [7, 8])]))
+    worker.start_load_kv(None)
+    worker.wait_for_layer_load(NAMES[0])  # the second layer's hook never runs
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+    assert worker.get_block_ids_with_load_errors() == {7, 8}
+    for name in NAMES[:1]:
+        assert torch.equal(caches[name][7], caches[name][3]) and torch.equal(caches[name][8], caches[name][4])
+    worker.shutdown()
