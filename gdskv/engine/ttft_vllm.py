@@ -10,8 +10,10 @@ random-weight Llama written to a temporary directory
 - ``dram``, ``dram+ssd``, ``dram+ssd+promote``: + the gdskv connector over a store with
   the plan's DRAM and SSD options.
 
-vLLM keeps process-wide state, so the configurations run one after another in this
-process (not interleaved request by request as on the reference engine). A request's
+vLLM keeps process-wide state, so each configuration's engine lives in a process of its
+own (spawned; driven through a pipe). As on the reference engine the configurations run
+interleaved request by request, one request at a time across all of them (the order
+rotates), so that background load on a shared machine slows them alike. A request's
 TTFT is its queueing behind the requests served before it in its round plus its own
 service time: ``LLM.generate`` with one output token, plus the wait for the saves it
 queued. The page cache of the store's files is dropped before every round.
@@ -68,13 +70,30 @@ def run(cfg: ttft.TtftConfig, *, progress: bool = True, write: bool = True) -> t
     max_len = -(-longest // cfg.page_size) * cfg.page_size
     with tempfile.TemporaryDirectory(prefix="gdskv-ttft-vllm-", dir=cfg.store_dir) as tmp:
         model_dir = write_model(Path(tmp) / "model", shape, max_positions=max(8192, 2 * max_len))
-        with ttft_report.Progress(total, enabled=progress) as bar:
+        runs: Dict[str, _Remote] = {}
+        try:
             for name in cfg.configs:
-                one = _VllmRun(name, cfg, p, workload, model_dir, Path(tmp) / name.replace("+", "_"), max_len, shape.vocab_size)
-                try:
-                    results[name] = one.run(bar)
-                finally:
-                    one.close()
+                runs[name] = _Remote(name, cfg, p, model_dir, Path(tmp) / name.replace("+", "_"), max_len, shape.vocab_size)
+            for one in runs.values():
+                one.ready()
+            results = {name: [] for name in cfg.configs}
+            with ttft_report.Progress(total, enabled=progress) as bar:
+                for r in range(cfg.rounds):
+                    for one in runs.values():
+                        one.call("begin_round", r)
+                    for i, c in enumerate(workload.order[r]):
+                        bar.describe(f"round {r + 1}/{cfg.rounds}, request {i + 1}/{cfg.conversations}")
+                        shift = (r * cfg.conversations + i) % len(cfg.configs)
+                        for name in cfg.configs[shift:] + cfg.configs[:shift]:
+                            runs[name].call("serve", int(c))
+                            bar.advance()
+                    for name, one in runs.items():
+                        results[name].append(one.call("end_round"))
+                    for one in runs.values():
+                        one.call("settle")
+        finally:
+            for one in runs.values():
+                one.close()
     report = ttft.TtftReport(banner=banner, results=results, acceptance=ttft_report.acceptance(results, p.target_round))
     if write:
         ttft_report.write_outputs(report, Path(cfg.out_dir))
@@ -123,30 +142,32 @@ class _VllmRun:
                     for seg in keys.segment_keys(page, self.worker.layout.num_segments):
                         self.store.remove(seg)
 
-    def run(self, bar) -> List[Dict[str, Any]]:
-        out = []
-        for r in range(self.cfg.rounds):
-            if self.cfg.drop_page_cache and self.has_ssd:
-                ttft._drop_page_cache(self.path)
-            before = self.store.stats() if self.store is not None else None
-            queued0 = self._loaded_from_queue()
-            requests: List[Dict[str, Any]] = []
-            clock = 0.0
-            disk = 0
-            for i, c in enumerate(self.workload.order[r]):
-                bar.describe(f"{self.name}: round {r + 1}/{self.cfg.rounds}, request {i + 1}/{self.cfg.conversations}")
-                clock, io = self._serve(int(c), r, clock, requests)
-                disk += io
-                bar.advance()
-            after = self.store.stats() if self.store is not None else None
-            queued = (self._loaded_from_queue() - queued0) * self.cfg.page_size
-            figures = ttft._round_figures(r + 1, requests, before, after, queued, _Stats(self.worker))
-            figures["disk_read_bytes"] = disk
-            out.append(figures)
-            self.engine.flush()
-            if self.has_ssd:
-                self.store.flush()
-        return out
+    def begin_round(self, r: int) -> None:
+        if self.cfg.drop_page_cache and self.has_ssd:
+            ttft._drop_page_cache(self.path)
+        self._round = r
+        self._before = self.store.stats() if self.store is not None else None
+        self._queued0 = self._loaded_from_queue()
+        self._requests: List[Dict[str, Any]] = []
+        self._clock = 0.0
+        self._disk = 0
+
+    def serve(self, c: int) -> None:
+        self._clock, io = self._serve(c, self._round, self._clock, self._requests)
+        self._disk += io
+
+    def end_round(self) -> Dict[str, Any]:
+        after = self.store.stats() if self.store is not None else None
+        queued = (self._loaded_from_queue() - self._queued0) * self.cfg.page_size
+        figures = ttft._round_figures(self._round + 1, self._requests, self._before, after, queued, _Stats(self.worker))
+        figures["disk_read_bytes"] = self._disk
+        return figures
+
+    def settle(self) -> None:
+        """The barrier: this round's saves and SSD offloads finish before the next round."""
+        self.engine.flush()
+        if self.has_ssd:
+            self.store.flush()
 
     def _serve(self, c: int, r: int, clock: float, requests: List[Dict[str, Any]]):
         cfg = self.cfg
@@ -179,6 +200,73 @@ class _VllmRun:
 
     def close(self) -> None:
         self.engine.close()
+
+
+class _Remote:
+    """A configuration's :class:`_VllmRun` in a spawned process, called through a pipe."""
+
+    def __init__(self, name: str, cfg: ttft.TtftConfig, p: ttft.Plan, model_dir: Path, path: Path, max_len: int, vocab: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child, args=(child, name, cfg, p, str(model_dir), str(path), max_len, vocab), name=f"gdskv-ttft-{name}")
+        self.proc.start()
+        child.close()
+
+    def ready(self) -> None:
+        self._reply()
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.conn.send((method, args))
+        return self._reply()
+
+    def _reply(self) -> Any:
+        try:
+            ok, value = self.conn.recv()
+        except EOFError:
+            raise ConfigError("a vLLM benchmark process died", config=self.name, exitcode=self.proc.exitcode) from None
+        if not ok:
+            raise ConfigError("a vLLM benchmark process failed", config=self.name, error=value)
+        return value
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.conn.send(("close", ()))
+                self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            pass
+        self.proc.join(timeout=120)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+def _child(conn, name, cfg, p, model_dir, path, max_len, vocab) -> None:
+    """A benchmark process: build the configuration's engine, then answer calls."""
+    try:
+        workload = ttft.Workload(cfg, vocab)
+        run = _VllmRun(name, cfg, p, workload, Path(model_dir), Path(path), max_len, vocab)
+    except Exception as exc:  # reported to the parent, which raises
+        conn.send((False, f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send((True, None))
+    try:
+        while True:
+            method, args = conn.recv()
+            if method == "close":
+                run.close()
+                conn.send((True, None))
+                return
+            try:
+                conn.send((True, getattr(run, method)(*args)))
+            except Exception as exc:
+                conn.send((False, f"{type(exc).__name__}: {exc}"))
+    except EOFError:
+        run.close()
 
 
 __all__ = ["run"]
