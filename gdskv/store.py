@@ -543,6 +543,10 @@ class Store:
     def flush(self, timeout: Optional[float] = None) -> None:
         """Wait until every queued offload is COMPLETE on SSD.
 
+        With the watermark policy, first queue what the policy selects now (DRAM above the
+        high watermark is offloaded down to the low one), so a flush right after the put that
+        crossed the watermark waits for that offload too.
+
         Raises the offloader's error if a batch fails meanwhile (the objects stay in DRAM and
         are retried), and :class:`NoSpaceError` if ``timeout`` seconds pass first.
         """
@@ -552,6 +556,8 @@ class Store:
         with self._lock:
             self._check_open()
             failures = self._offload_failures
+            if self.config.offload == "watermark" and not self._closing:
+                self._select_for_offload()
             self._flush_waiters += 1
             self._cond.notify_all()
             try:
