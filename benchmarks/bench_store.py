@@ -1,0 +1,528 @@
+#!/usr/bin/env python3
+"""How close does the store come to the machine's own limits, tier by tier?
+
+Measures put and get throughput of :class:`gdskv.Store` per tier and prints each figure
+beside the limit of this machine measured in the same run, as a ratio:
+
+==========================  =====================================================
+gdskv figure                machine limit it is compared with
+==========================  =====================================================
+DRAM put                    numpy copy of the same blocks into resident memory
+DRAM hit (``get_into``)     numpy copy of the same blocks into one reused buffer
+NVMe write (offload)        plain sequential write + fsync of the same bytes
+NVMe cold read              plain sequential read of the same bytes, cache dropped
+==========================  =====================================================
+
+- *DRAM put*: ``put`` of every block into a DRAM-only store (``ssd=0``) whose arena was
+  faulted in by a first pass (that pass is shown too). Includes the CRC32C the store
+  computes for every value. *DRAM hit*: ``get_into`` of every block into one preallocated
+  buffer. Each pass runs right after its numpy counterpart.
+- *NVMe write*: wall time from the first ``put`` into a fresh store (eager offload, DRAM
+  tier 1/8 of the data, so puts wait for the offloader once DRAM is full) until ``flush()``
+  returns, i.e. until every bucket and its index are written, fsynced and renamed. The
+  limit is the faster of two plain writes of the same bytes from the same buffers: one
+  fsync at the end, and an fsync every 64 MiB (the bucket size).
+- *NVMe cold read*: the store is closed, the page cache is dropped (``drop_caches`` when
+  permitted, else ``posix_fadvise(DONTNEED)`` on every file after fsync; the banner says which),
+  and the store is reopened with a small DRAM tier; then ``get_into`` of every block, one at
+  a time, and ``batch_get_into`` in batches (one engine submission each). The store verifies
+  every value's CRC32C before returning it; that is part of the figure. The limit is one
+  sequential read (block-sized ``preadv`` calls) of the raw file after the same cache drop.
+
+Every pass moves all ``--size`` bytes; figures are medians over ``--repeats`` passes, and
+the raw and gdskv passes of each repeat run back to back. After the timed passes, every
+block is read back and compared with what was written (untimed). Targets (issue 2): DRAM
+get >= 0.7x memcpy; NVMe read and write >= 0.8x raw file I/O.
+
+Usage::
+
+    python benchmarks/bench_store.py --size 4GiB --block 2MiB [--dir DIR] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+import gdskv
+from gdskv import format_size, parse_size
+
+#: Distinct source blocks; block ``i`` is pool block ``i % POOL`` with ``i`` stamped in front.
+POOL = 32
+#: The store's bucket size (the StoreConfig default), also the raw write's fsync interval.
+BUCKET_BYTES = gdskv.StoreConfig().bucket_bytes
+#: The NVMe phase's DRAM tier holds this fraction of the data, so the data must go through SSD.
+NVME_DRAM_FRACTION = 8
+#: Ratios each figure must reach (issue 2); None: shown, no target.
+TARGETS = {"dram_get": 0.7, "nvme_write": 0.8, "nvme_read": 0.8}
+
+
+# ---------------------------------------------------------------------------- data
+
+
+class Blocks:
+    """Deterministic, distinct blocks that cost one 8-byte store to produce.
+
+    ``view(i)`` returns a pool block whose first 8 bytes now hold ``i``; it stays valid until
+    the next call with another index of the same pool slot.
+    """
+
+    def __init__(self, count: int, size: int, seed: int) -> None:
+        self.count = count
+        self.size = size
+        rng = np.random.default_rng(seed)
+        self.pool = rng.integers(0, 256, (min(POOL, count), size), dtype=np.uint8)
+        self._stamps = self.pool[:, :8].view(np.uint64)
+
+    def key(self, i: int) -> str:
+        return f"bench/{i:08d}"
+
+    def view(self, i: int) -> np.ndarray:
+        slot = i % len(self.pool)
+        self._stamps[slot, 0] = i
+        return self.pool[slot]
+
+    def matches(self, i: int, out: np.ndarray) -> bool:
+        slot = i % len(self.pool)
+        return int(out[:8].view(np.uint64)[0]) == i and np.array_equal(out[8:], self.pool[slot, 8:])
+
+
+# ---------------------------------------------------------------------------- machine
+
+
+def filesystem_of(path: Path) -> str:
+    """``fstype device mountpoint`` of the filesystem holding ``path``."""
+    real = os.path.realpath(path)
+    best = ("?", "?", "/")
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                mnt = mnt.replace("\\040", " ")
+                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best[2]):
+                    best = (fstype, dev, mnt)
+    except OSError:
+        pass
+    return f"{best[0]} on {best[1]} (mounted at {best[2]})"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+class CacheDropper:
+    """Evicts files from the page cache so the next read comes from the device.
+
+    ``drop_caches``: ``sync`` then ``3 > /proc/sys/vm/drop_caches`` (whole machine; needs root).
+    ``fadvise``: ``fsync`` then ``posix_fadvise(POSIX_FADV_DONTNEED)`` on every given file.
+    ``auto`` tries the first and falls back to the second.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "auto":
+            self.mode = "drop_caches" if self._drop_caches() else "fadvise"
+
+    @staticmethod
+    def _drop_caches() -> bool:
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return True
+        except OSError:
+            return False
+
+    def drop(self, paths: List[Path]) -> None:
+        if self.mode == "drop_caches":
+            if not self._drop_caches():
+                raise SystemExit("cannot write /proc/sys/vm/drop_caches; use --cache-drop fadvise")
+            return
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+    def describe(self) -> str:
+        if self.mode == "drop_caches":
+            return "sync + echo 3 > /proc/sys/vm/drop_caches before every cold read"
+        return "fsync + posix_fadvise(DONTNEED) on every file before every cold read"
+
+
+def files_under(root: Path) -> List[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------- timing
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Results:
+    """Seconds per pass for each named measurement; bytes per pass are the same for all."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.seconds: Dict[str, List[float]] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds.setdefault(name, []).append(seconds)
+
+    def rate(self, name: str) -> float:
+        """Median bytes/s over the passes of ``name``."""
+        return self.nbytes / statistics.median(self.seconds[name])
+
+    def spread(self, name: str) -> str:
+        rates = sorted(self.nbytes / s for s in self.seconds[name])
+        if len(rates) == 1:
+            return "1 pass"
+        return f"{len(rates)} passes, {gbps(rates[0])}..{gbps(rates[-1])}"
+
+
+def gbps(rate: float) -> str:
+    return f"{rate / 1e9:.2f}"
+
+
+# ---------------------------------------------------------------------------- passes
+
+
+def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path) -> List[int]:
+    """DRAM puts and hits on a DRAM-only store, each pass beside a numpy copy of the same
+    blocks in the same pattern (run back to back); returns the indices read back wrong."""
+    n, size = blocks.count, blocks.size
+    keys = [blocks.key(i) for i in range(n)]
+    out = np.empty(size, dtype=np.uint8)
+    resident = np.empty((n, size), dtype=np.uint8)
+    for i in range(n):  # fault the copy destination in, with the real bytes
+        resident[i] = blocks.view(i)
+    dram = n * (size + 64) + (1 << 20)
+    bad: List[int] = []
+    with gdskv.open(root / "dram", dram=dram, ssd=0, put_timeout_s=600.0) as store:
+
+        def memcpy_put() -> None:
+            for i in range(n):
+                np.copyto(resident[i], blocks.view(i))
+
+        def put_all() -> None:
+            for i in range(n):
+                store.put(keys[i], blocks.view(i))
+
+        def memcpy_get() -> None:
+            for i in range(n):
+                np.copyto(out, resident[i])
+
+        def get_all() -> None:
+            get_into = store.get_into
+            for k in keys:
+                get_into(k, out)
+
+        res.add("dram_put_first", timed(put_all))  # faults the arena in
+        for _ in range(repeats):
+            for k in keys:  # make room again; the arena stays faulted in
+                store.remove(k)
+            res.add("memcpy_put", timed(memcpy_put))
+            res.add("dram_put", timed(put_all))
+            res.add("memcpy_get", timed(memcpy_get))
+            res.add("dram_get", timed(get_all))
+        for i in range(n):
+            if store.get_into(keys[i], out) != size or not blocks.matches(i, out):
+                bad.append(i)
+        hits = store.stats()["dram"]["hits"]
+        if hits != n * (repeats + 1):
+            raise SystemExit(f"expected every DRAM get to hit; stats say {hits} of {n * (repeats + 1)}")
+    del resident
+    shutil.rmtree(root / "dram")
+    return bad
+
+
+def raw_passes(blocks: Blocks, res: Results, root: Path, dropper: CacheDropper, chunk: int) -> None:
+    """The NVMe limits: sequential writes + fsync, then one cold sequential read.
+
+    Two plain writes of the same bytes: one fsync at the end, and an fsync every ``chunk``
+    bytes (the store's bucket size; it keeps the dirty set small). The faster one is the
+    write limit of this pass.
+    """
+    n, size = blocks.count, blocks.size
+    path = root / "raw.bin"
+    out = np.empty(size, dtype=np.uint8)
+
+    def write(every: int) -> Callable[[], None]:
+        def run() -> None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                for i in range(n):
+                    _pwrite_all(fd, blocks.view(i), i * size)
+                    if every and ((i + 1) * size) % every < size:
+                        os.fsync(fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return run
+
+    one = timed(write(0))
+    res.add("raw_write_1fsync", one)
+    os.unlink(path)
+    chunked = timed(write(chunk))
+    res.add("raw_write_chunked", chunked)
+    res.add("raw_write", min(one, chunked))
+    dropper.drop([path])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def read() -> None:
+            mv = memoryview(out)
+            for i in range(n):
+                if os.preadv(fd, [mv], i * size) != size:
+                    raise SystemExit(f"short read of {path}")
+
+        res.add("raw_read", timed(read))
+    finally:
+        os.close(fd)
+    os.unlink(path)
+
+
+def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
+    view = memoryview(buf)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def nvme_passes(
+    blocks: Blocks, res: Results, root: Path, dropper: CacheDropper, batch: int, threads: int, verify: bool
+) -> Tuple[List[int], dict]:
+    """gdskv offload write, then cold reads after a reopen; returns mismatches and stats."""
+    n, size = blocks.count, blocks.size
+    keys = [blocks.key(i) for i in range(n)]
+    path = root / "store"
+    ssd = 2 * n * (size + 8192) + (64 << 20)
+    common = dict(ssd=ssd, io_threads=threads, put_timeout_s=600.0, promote_after_reads=0)
+    dram = max(n * size // NVME_DRAM_FRACTION, 8 * (size + 64))
+    store = gdskv.open(path, dram=dram, offload="eager", **common)
+    try:
+
+        def write() -> None:
+            for i in range(n):
+                store.put(keys[i], blocks.view(i))
+            store.flush()
+
+        res.add("nvme_write", timed(write))
+        write_stats = store.stats()
+    finally:
+        store.close()
+    small_dram = max(4 * size, 16 << 20)
+    bad: List[int] = []
+    store = gdskv.open(path, dram=small_dram, **common)
+    try:
+        if store.recovery.objects != n:
+            raise SystemExit(f"reopen found {store.recovery.objects} objects, expected {n}")
+        out = np.empty(size, dtype=np.uint8)
+        outs = [np.empty(size, dtype=np.uint8) for _ in range(batch)]
+
+        def read_one_by_one() -> None:
+            get_into = store.get_into
+            for k in keys:
+                if get_into(k, out) is None:
+                    raise SystemExit(f"miss on {k}")
+
+        def read_batches() -> None:
+            for start in range(0, n, batch):
+                chunk = keys[start : start + batch]
+                got = store.batch_get_into(chunk, outs[: len(chunk)])
+                if None in got:
+                    raise SystemExit(f"miss in batch at {start}")
+
+        dropper.drop(files_under(path))
+        res.add("nvme_read", timed(read_one_by_one))
+        dropper.drop(files_under(path))
+        res.add("nvme_read_batch", timed(read_batches))
+        if verify:
+            for i in range(n):
+                if store.get_into(keys[i], out) != size or not blocks.matches(i, out):
+                    bad.append(i)
+        read_stats = store.stats()
+        if read_stats["dram"]["hits"]:
+            raise SystemExit("a cold read was served from DRAM; the DRAM tier must be too small to hold the data")
+    finally:
+        store.close()
+    shutil.rmtree(path)
+    return bad, {"write": write_stats, "read": read_stats}
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def print_banner(args: argparse.Namespace, root: Path, dropper: CacheDropper, n: int) -> None:
+    from gdskv.gds import make_engine
+
+    with make_engine("psync", threads=args.io_threads) as engine:
+        engine_desc = ", ".join(f"{k}={v}" for k, v in engine.describe().items())
+    lines = [
+        ("gdskv", f"{gdskv.__version__}  bench_store: per-tier throughput vs this machine's limits"),
+        ("engine", f"{engine_desc}, bucket backend ({format_size(BUCKET_BYTES)} buckets), eager offload, no GPU path"),
+        ("python", f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}"),
+        ("machine", f"{os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}"),
+        ("dir", f"{root}: {filesystem_of(root)}"),
+        ("cold reads", dropper.describe()),
+        ("workload", f"{n} blocks x {format_size(args.block)} = {format_size(n * args.block)}, "
+                     f"seed {args.seed}, median of {args.repeats} passes, batch {args.batch}"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    print("=" * 100)
+    for k, v in lines:
+        print(f"{k:<{width}}  {v}")
+    print("=" * 100)
+
+
+ROWS = [
+    # name, label, limit name, limit label, target key
+    ("dram_put", "DRAM put (arena faulted in)", "memcpy_put", "numpy copy into resident memory", None),
+    ("dram_put_first", "DRAM put (first touch of arena)", "memcpy_put", "numpy copy into resident memory", None),
+    ("dram_get", "DRAM hit get_into", "memcpy_get", "numpy copy into one buffer", "dram_get"),
+    ("nvme_write", "NVMe write (puts -> flush done)", "raw_write", "sequential write + fsync (best)", "nvme_write"),
+    ("nvme_read", "NVMe cold read get_into", "raw_read", "cold sequential read", "nvme_read"),
+    ("nvme_read_batch", "NVMe cold read batch_get_into", "raw_read", "cold sequential read", None),
+]
+
+
+def print_table(res: Results, batch: int) -> bool:
+    header = ("measurement", "gdskv GB/s", "limit GB/s", "machine limit", "ratio", "target", "")
+    rows = []
+    ok = True
+    for name, label, limit, limit_label, target_key in ROWS:
+        if name not in res.seconds:
+            continue
+        if name == "nvme_read_batch":
+            label = f"{label} ({batch})"
+        ratio = res.rate(name) / res.rate(limit)
+        target = TARGETS.get(target_key) if target_key else None
+        verdict = ""
+        if target is not None:
+            verdict = "met" if ratio >= target else "MISSED"
+            ok = ok and ratio >= target
+        rows.append((label, gbps(res.rate(name)), gbps(res.rate(limit)), limit_label, f"{ratio:.2f}x",
+                     f">= {target}x" if target is not None else "-", verdict))
+    widths = [max(len(str(r[c])) for r in rows + [header]) for c in range(len(header))]
+    aligns = ["<", ">", ">", "<", ">", "<", "<"]
+    sep = "  "
+    print(sep.join(f"{h:{a}{w}}" for h, a, w in zip(header, aligns, widths)).rstrip())
+    print(sep.join("-" * w for w in widths).rstrip())
+    for r in rows:
+        print(sep.join(f"{c:{a}{w}}" for c, a, w in zip(r, aligns, widths)).rstrip())
+    return ok
+
+
+def print_spread(res: Results) -> None:
+    print()
+    print("passes (GB/s, min..max):")
+    for name in res.seconds:
+        print(f"  {name:<16} {res.spread(name)}")
+
+
+def print_store_stats(stats: dict) -> None:
+    w, r = stats["write"], stats["read"]
+    off = w["offload"]
+    print()
+    print(
+        f"offload: {off['objects']} objects, {format_size(off['bytes'])} in {w['nvme']['buckets_written']} buckets, "
+        f"{gbps(off['bytes_per_s'])} GB/s inside the bucket writer (excl. queueing); "
+        f"{w['puts']['waited']} puts waited for DRAM room, {w['dram']['evicted']} DRAM evictions"
+    )
+    print(
+        f"cold reads: {r['nvme']['hits']} NVMe hits, {r['dram']['hits']} DRAM hits, "
+        f"{r['gets']['misses']} misses, {r['nvme']['corrupt_reads']} corrupt; "
+        f"reopen recovered {r['recovery']['objects']} objects"
+    )
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="4GiB", help="bytes per pass (default 4GiB)")
+    p.add_argument("--block", default="2MiB", help="block (value) size (default 2MiB)")
+    p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the block contents (default 0)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per measurement (default 3)")
+    p.add_argument("--batch", type=int, default=16, help="keys per batch_get_into (default 16)")
+    p.add_argument("--io-threads", type=int, default=4, help="psync engine threads (default 4)")
+    p.add_argument("--cache-drop", choices=("auto", "drop_caches", "fadvise"), default="auto",
+                   help="how cold reads bypass the page cache (default auto: drop_caches if permitted)")
+    p.add_argument("--skip", choices=("dram", "nvme"), action="append", default=[], help="skip a tier")
+    args = p.parse_args(argv)
+    args.size = parse_size(args.size, field="--size")
+    args.block = parse_size(args.block, field="--block")
+    if args.block < 16 or args.size < args.block:
+        p.error("--size must hold at least one --block of at least 16 bytes")
+    if args.repeats < 1 or args.batch < 1 or args.io_threads < 1:
+        p.error("--repeats, --batch and --io-threads must be positive")
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    n = args.size // args.block
+    parent = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="gdskv-bench-", dir=parent))
+    try:
+        dropper = CacheDropper(args.cache_drop)
+        print_banner(args, root, dropper, n)
+        blocks = Blocks(n, args.block, args.seed)
+        res = Results(n * args.block)
+        bad: List[int] = []
+        stats = None
+        if "dram" not in args.skip:
+            bad += dram_passes(blocks, res, args.repeats, root)
+        if "nvme" not in args.skip:
+            for r in range(args.repeats):
+                raw_passes(blocks, res, root, dropper, BUCKET_BYTES)
+                wrong, stats = nvme_passes(
+                    blocks, res, root, dropper, args.batch, args.io_threads, verify=(r == args.repeats - 1)
+                )
+                bad += wrong
+        print()
+        met = print_table(res, args.batch)
+        print_spread(res)
+        if stats is not None:
+            print_store_stats(stats)
+        print()
+        if bad:
+            print(f"FAIL: {len(bad)} blocks read back wrong (first: {bad[:5]})")
+            return 1
+        print(f"verified: every block read back byte-exact; targets {'all met' if met else 'NOT all met'}")
+        return 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
