@@ -4,14 +4,21 @@ Both calls release the GIL, so a batch of N requests runs on up to ``threads`` c
 disk queues at once. A batch of one request runs inline in the caller's thread (a hop to the
 pool would only add latency). Short transfers are retried from where they stopped; a
 transfer that makes no progress (EOF on read) raises :class:`IoError`.
+
+Each completed write starts write-back of its range at once (Linux
+``sync_file_range(SYNC_FILE_RANGE_WRITE)``, asynchronous), so the device is busy while later
+requests of the batch are still being copied into the page cache, instead of idling until
+the caller's ``fsync``. It is only a hint: durability still comes from that ``fsync``, the
+pages stay cached, and where the call is missing or fails nothing changes.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import os
 import threading
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from gdskv.errors import IoError, StoreClosedError
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
@@ -73,7 +80,30 @@ def execute(request: IoRequest) -> int:
             )
         done += n
         buffers = _advance(buffers, n)
+    if request.op is IoOp.WRITE:
+        start_writeback(request.fd, request.offset, done)
     return done
+
+
+SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: "Optional[Callable[..., int]] | bool" = None
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Ask the kernel to start writing ``[offset, offset + length)`` of ``fd`` to the device
+    now, without waiting. Returns False where that is not available; never raises."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        try:
+            func = ctypes.CDLL(None, use_errno=True).sync_file_range
+            func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            func.restype = ctypes.c_int
+            _sync_file_range = func
+        except (OSError, AttributeError):
+            _sync_file_range = False
+    if not _sync_file_range or length <= 0:
+        return False
+    return _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE) == 0
 
 
 def _advance(buffers: List[memoryview], n: int) -> List[memoryview]:
