@@ -63,6 +63,8 @@ POOL = 32
 BUCKET_BYTES = gdskv.StoreConfig().bucket_bytes
 #: The NVMe phase's DRAM tier holds this fraction of the data, so the data must go through SSD.
 NVME_DRAM_FRACTION = 8
+#: Interleaving unit: gdskv and its limit take turns on chunks of about this many bytes.
+CHUNK_BYTES = 64 << 20
 #: Ratios each figure must reach (issue 2); None: shown, no target.
 TARGETS = {"dram_get": 0.7, "nvme_write": 0.8, "nvme_read": 0.8}
 
@@ -183,8 +185,23 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def interleaved(
+    chunks: List[range], first: Callable[[range], None], second: Callable[[range], None]
+) -> Tuple[float, float]:
+    """Run ``first`` and ``second`` on each chunk in turn, alternating which goes first, and
+    return each one's total seconds: both see the same machine, a chunk apart."""
+    totals = [0.0, 0.0]
+    fns = (first, second)
+    for j, chunk in enumerate(chunks):
+        for k in (0, 1) if j % 2 == 0 else (1, 0):
+            t0 = time.perf_counter()
+            fns[k](chunk)
+            totals[k] += time.perf_counter() - t0
+    return totals[0], totals[1]
+
+
 class Results:
-    """Seconds per pass for each named measurement; bytes per pass are the same for all."""
+    """Seconds per pass for each named measurement; every pass moves the same bytes."""
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
@@ -197,10 +214,14 @@ class Results:
         """Median bytes/s over the passes of ``name``."""
         return self.nbytes / statistics.median(self.seconds[name])
 
+    def ratio(self, name: str, limit: str) -> float:
+        """Median over passes of (rate of ``name`` / rate of ``limit`` in the same pass)."""
+        return statistics.median(lim / s for s, lim in zip(self.seconds[name], self.seconds[limit]))
+
     def spread(self, name: str) -> str:
         rates = sorted(self.nbytes / s for s in self.seconds[name])
         if len(rates) == 1:
-            return "1 pass"
+            return f"1 pass, {gbps(rates[0])}"
         return f"{len(rates)} passes, {gbps(rates[0])}..{gbps(rates[-1])}"
 
 
@@ -211,44 +232,46 @@ def gbps(rate: float) -> str:
 # ---------------------------------------------------------------------------- passes
 
 
-def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path) -> List[int]:
-    """DRAM puts and hits on a DRAM-only store, each pass beside a numpy copy of the same
-    blocks in the same pattern (run back to back); returns the indices read back wrong."""
+def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path, chunks: List[range]) -> List[int]:
+    """DRAM puts and hits on a DRAM-only store, interleaved chunk by chunk with numpy copies
+    of the same blocks in the same pattern; returns the indices read back wrong."""
     n, size = blocks.count, blocks.size
     keys = [blocks.key(i) for i in range(n)]
     out = np.empty(size, dtype=np.uint8)
-    resident = np.empty((n, size), dtype=np.uint8)
-    for i in range(n):  # fault the copy destination in, with the real bytes
-        resident[i] = blocks.view(i)
+    resident = np.empty((n, size), dtype=np.uint8)  # not touched yet: the first pass faults it in
     dram = n * (size + 64) + (1 << 20)
     bad: List[int] = []
     with gdskv.open(root / "dram", dram=dram, ssd=0, put_timeout_s=600.0) as store:
 
-        def memcpy_put() -> None:
-            for i in range(n):
+        def copy_in(chunk: range) -> None:
+            for i in chunk:
                 np.copyto(resident[i], blocks.view(i))
 
-        def put_all() -> None:
-            for i in range(n):
+        def put(chunk: range) -> None:
+            for i in chunk:
                 store.put(keys[i], blocks.view(i))
 
-        def memcpy_get() -> None:
-            for i in range(n):
+        def copy_out(chunk: range) -> None:
+            for i in chunk:
                 np.copyto(out, resident[i])
 
-        def get_all() -> None:
+        def get(chunk: range) -> None:
             get_into = store.get_into
-            for k in keys:
-                get_into(k, out)
+            for i in chunk:
+                get_into(keys[i], out)
 
-        res.add("dram_put_first", timed(put_all))  # faults the arena in
+        copied, stored = interleaved(chunks, copy_in, put)  # both fault their memory in
+        res.add("memcpy_put_first", copied)
+        res.add("dram_put_first", stored)
         for _ in range(repeats):
             for k in keys:  # make room again; the arena stays faulted in
                 store.remove(k)
-            res.add("memcpy_put", timed(memcpy_put))
-            res.add("dram_put", timed(put_all))
-            res.add("memcpy_get", timed(memcpy_get))
-            res.add("dram_get", timed(get_all))
+            copied, stored = interleaved(chunks, copy_in, put)
+            res.add("memcpy_put", copied)
+            res.add("dram_put", stored)
+            copied, got = interleaved(chunks, copy_out, get)
+            res.add("memcpy_get", copied)
+            res.add("dram_get", got)
         for i in range(n):
             if store.get_into(keys[i], out) != size or not blocks.matches(i, out):
                 bad.append(i)
@@ -260,53 +283,6 @@ def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path) -> List[
     return bad
 
 
-def raw_passes(blocks: Blocks, res: Results, root: Path, dropper: CacheDropper, chunk: int) -> None:
-    """The NVMe limits: sequential writes + fsync, then one cold sequential read.
-
-    Two plain writes of the same bytes: one fsync at the end, and an fsync every ``chunk``
-    bytes (the store's bucket size; it keeps the dirty set small). The faster one is the
-    write limit of this pass.
-    """
-    n, size = blocks.count, blocks.size
-    path = root / "raw.bin"
-    out = np.empty(size, dtype=np.uint8)
-
-    def write(every: int) -> Callable[[], None]:
-        def run() -> None:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for i in range(n):
-                    _pwrite_all(fd, blocks.view(i), i * size)
-                    if every and ((i + 1) * size) % every < size:
-                        os.fsync(fd)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-        return run
-
-    one = timed(write(0))
-    res.add("raw_write_1fsync", one)
-    os.unlink(path)
-    chunked = timed(write(chunk))
-    res.add("raw_write_chunked", chunked)
-    res.add("raw_write", min(one, chunked))
-    dropper.drop([path])
-    fd = os.open(path, os.O_RDONLY)
-    try:
-
-        def read() -> None:
-            mv = memoryview(out)
-            for i in range(n):
-                if os.preadv(fd, [mv], i * size) != size:
-                    raise SystemExit(f"short read of {path}")
-
-        res.add("raw_read", timed(read))
-    finally:
-        os.close(fd)
-    os.unlink(path)
-
-
 def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
     view = memoryview(buf)
     while view:
@@ -315,65 +291,120 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
         offset += written
 
 
-def nvme_passes(
-    blocks: Blocks, res: Results, root: Path, dropper: CacheDropper, batch: int, threads: int, verify: bool
-) -> Tuple[List[int], dict]:
-    """gdskv offload write, then cold reads after a reopen; returns mismatches and stats."""
-    n, size = blocks.count, blocks.size
-    keys = [blocks.key(i) for i in range(n)]
-    path = root / "store"
-    ssd = 2 * n * (size + 8192) + (64 << 20)
-    common = dict(ssd=ssd, io_threads=threads, put_timeout_s=600.0, promote_after_reads=0)
-    dram = max(n * size // NVME_DRAM_FRACTION, 8 * (size + 64))
-    store = gdskv.open(path, dram=dram, offload="eager", **common)
-    try:
+class NvmePass:
+    """One repeat of the NVMe measurements: three writes (two plain, one through the store,
+    in an order that rotates with the repeat), then cold reads of the store interleaved
+    chunk by chunk with cold reads of the plain file."""
 
-        def write() -> None:
+    def __init__(self, blocks: Blocks, root: Path, dropper: CacheDropper, args: argparse.Namespace) -> None:
+        self.blocks = blocks
+        self.raw = root / "raw.bin"
+        self.path = root / "store"
+        self.dropper = dropper
+        self.args = args
+        self.keys = [blocks.key(i) for i in range(blocks.count)]
+        n, size = blocks.count, blocks.size
+        self.options = dict(ssd=2 * n * (size + 8192) + (64 << 20), io_threads=args.io_threads,
+                            put_timeout_s=600.0, promote_after_reads=0)
+        self.write_stats: dict = {}
+
+    def raw_write(self, every: int) -> None:
+        """Sequential block-sized writes of every block, an fsync every ``every`` bytes
+        (0: only at the end)."""
+        n, size = self.blocks.count, self.blocks.size
+        fd = os.open(self.raw, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
             for i in range(n):
-                store.put(keys[i], blocks.view(i))
+                _pwrite_all(fd, self.blocks.view(i), i * size)
+                if every and ((i + 1) * size) % every < size:
+                    os.fsync(fd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def store_write(self) -> None:
+        """Puts into a fresh store (eager offload, DRAM 1/8 of the data) until flush() returns."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        n, size = self.blocks.count, self.blocks.size
+        dram = max(n * size // NVME_DRAM_FRACTION, 8 * (size + 64))
+        store = gdskv.open(self.path, dram=dram, offload="eager", **self.options)
+        try:
+            for i in range(n):
+                store.put(self.keys[i], self.blocks.view(i))
             store.flush()
+            self.write_stats = store.stats()
+        finally:
+            store.close()
 
-        res.add("nvme_write", timed(write))
-        write_stats = store.stats()
-    finally:
-        store.close()
-    small_dram = max(4 * size, 16 << 20)
-    bad: List[int] = []
-    store = gdskv.open(path, dram=small_dram, **common)
-    try:
-        if store.recovery.objects != n:
-            raise SystemExit(f"reopen found {store.recovery.objects} objects, expected {n}")
+    def run(self, res: Results, repeat: int, verify: bool) -> Tuple[List[int], dict]:
+        writers = [
+            ("raw_write_1fsync", lambda: self.raw_write(0)),
+            ("raw_write_chunked", lambda: self.raw_write(BUCKET_BYTES)),
+            ("nvme_write", self.store_write),
+        ]
+        shift = repeat % len(writers)
+        seconds = {name: timed(fn) for name, fn in writers[shift:] + writers[:shift]}
+        for name, _ in writers:
+            res.add(name, seconds[name])
+        res.add("raw_write", min(seconds["raw_write_1fsync"], seconds["raw_write_chunked"]))
+        n, size = self.blocks.count, self.blocks.size
+        chunks = chunked(n, size)
         out = np.empty(size, dtype=np.uint8)
-        outs = [np.empty(size, dtype=np.uint8) for _ in range(batch)]
+        outs = [np.empty(size, dtype=np.uint8) for _ in range(self.args.batch)]
+        bad: List[int] = []
+        store = gdskv.open(self.path, dram=max(4 * size, 16 << 20), **self.options)
+        fd = os.open(self.raw, os.O_RDONLY)
+        try:
+            if store.recovery.objects != n:
+                raise SystemExit(f"reopen found {store.recovery.objects} objects, expected {n}")
+            raw_view = memoryview(out)
 
-        def read_one_by_one() -> None:
-            get_into = store.get_into
-            for k in keys:
-                if get_into(k, out) is None:
-                    raise SystemExit(f"miss on {k}")
+            def raw_read(chunk: range) -> None:
+                for i in chunk:
+                    if os.preadv(fd, [raw_view], i * size) != size:
+                        raise SystemExit(f"short read of {self.raw}")
 
-        def read_batches() -> None:
-            for start in range(0, n, batch):
-                chunk = keys[start : start + batch]
-                got = store.batch_get_into(chunk, outs[: len(chunk)])
-                if None in got:
-                    raise SystemExit(f"miss in batch at {start}")
+            def get(chunk: range) -> None:
+                get_into = store.get_into
+                for i in chunk:
+                    if get_into(self.keys[i], out) is None:
+                        raise SystemExit(f"miss on {self.keys[i]}")
 
-        dropper.drop(files_under(path))
-        res.add("nvme_read", timed(read_one_by_one))
-        dropper.drop(files_under(path))
-        res.add("nvme_read_batch", timed(read_batches))
-        if verify:
-            for i in range(n):
-                if store.get_into(keys[i], out) != size or not blocks.matches(i, out):
-                    bad.append(i)
-        read_stats = store.stats()
-        if read_stats["dram"]["hits"]:
-            raise SystemExit("a cold read was served from DRAM; the DRAM tier must be too small to hold the data")
-    finally:
-        store.close()
-    shutil.rmtree(path)
-    return bad, {"write": write_stats, "read": read_stats}
+            def batch_get(chunk: range) -> None:
+                b = self.args.batch
+                for start in range(chunk.start, chunk.stop, b):
+                    keys = self.keys[start : min(start + b, chunk.stop)]
+                    if None in store.batch_get_into(keys, outs[: len(keys)]):
+                        raise SystemExit(f"miss in the batch at {start}")
+
+            files = files_under(self.path) + [self.raw]
+            self.dropper.drop(files)
+            raw_s, store_s = interleaved(chunks, raw_read, get)
+            res.add("raw_read", raw_s)
+            res.add("nvme_read", store_s)
+            self.dropper.drop(files)
+            raw_s, store_s = interleaved(chunks, raw_read, batch_get)
+            res.add("raw_read_2", raw_s)
+            res.add("nvme_read_batch", store_s)
+            if verify:
+                for i in range(n):
+                    if store.get_into(self.keys[i], out) != size or not self.blocks.matches(i, out):
+                        bad.append(i)
+            read_stats = store.stats()
+            if read_stats["dram"]["hits"]:
+                raise SystemExit("a cold read was served from DRAM; its tier must be too small to hold the data")
+        finally:
+            os.close(fd)
+            store.close()
+        shutil.rmtree(self.path)
+        os.unlink(self.raw)
+        return bad, {"write": self.write_stats, "read": read_stats}
+
+
+def chunked(n: int, size: int) -> List[range]:
+    """Block index ranges of about CHUNK_BYTES each: the unit of interleaving."""
+    step = max(1, CHUNK_BYTES // size)
+    return [range(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 # ---------------------------------------------------------------------------- report
@@ -403,12 +434,12 @@ def print_banner(args: argparse.Namespace, root: Path, dropper: CacheDropper, n:
 
 ROWS = [
     # name, label, limit name, limit label, target key
-    ("dram_put", "DRAM put (arena faulted in)", "memcpy_put", "numpy copy into resident memory", None),
-    ("dram_put_first", "DRAM put (first touch of arena)", "memcpy_put", "numpy copy into resident memory", None),
+    ("dram_put", "DRAM put", "memcpy_put", "numpy copy into resident memory", None),
+    ("dram_put_first", "DRAM put, first touch", "memcpy_put_first", "numpy copy into fresh memory", None),
     ("dram_get", "DRAM hit get_into", "memcpy_get", "numpy copy into one buffer", "dram_get"),
-    ("nvme_write", "NVMe write (puts -> flush done)", "raw_write", "sequential write + fsync (best)", "nvme_write"),
+    ("nvme_write", "NVMe write (puts -> flush done)", "raw_write", "sequential write + fsync, best of 2", "nvme_write"),
     ("nvme_read", "NVMe cold read get_into", "raw_read", "cold sequential read", "nvme_read"),
-    ("nvme_read_batch", "NVMe cold read batch_get_into", "raw_read", "cold sequential read", None),
+    ("nvme_read_batch", "NVMe cold read batch_get_into", "raw_read_2", "cold sequential read", None),
 ]
 
 
@@ -421,7 +452,7 @@ def print_table(res: Results, batch: int) -> bool:
             continue
         if name == "nvme_read_batch":
             label = f"{label} ({batch})"
-        ratio = res.rate(name) / res.rate(limit)
+        ratio = res.ratio(name, limit)
         target = TARGETS.get(target_key) if target_key else None
         verdict = ""
         if target is not None:
@@ -436,6 +467,7 @@ def print_table(res: Results, batch: int) -> bool:
     print(sep.join("-" * w for w in widths).rstrip())
     for r in rows:
         print(sep.join(f"{c:{a}{w}}" for c, a, w in zip(r, aligns, widths)).rstrip())
+    print("GB/s: medians over passes. ratio: median over passes of gdskv / limit within the pass.")
     return ok
 
 
@@ -443,7 +475,7 @@ def print_spread(res: Results) -> None:
     print()
     print("passes (GB/s, min..max):")
     for name in res.seconds:
-        print(f"  {name:<16} {res.spread(name)}")
+        print(f"  {name:<18} {res.spread(name)}")
 
 
 def print_store_stats(stats: dict) -> None:
@@ -501,13 +533,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         bad: List[int] = []
         stats = None
         if "dram" not in args.skip:
-            bad += dram_passes(blocks, res, args.repeats, root)
+            bad += dram_passes(blocks, res, args.repeats, root, chunked(n, args.block))
         if "nvme" not in args.skip:
+            nvme = NvmePass(blocks, root, dropper, args)
             for r in range(args.repeats):
-                raw_passes(blocks, res, root, dropper, BUCKET_BYTES)
-                wrong, stats = nvme_passes(
-                    blocks, res, root, dropper, args.batch, args.io_threads, verify=(r == args.repeats - 1)
-                )
+                wrong, stats = nvme.run(res, r, verify=(r == args.repeats - 1))
                 bad += wrong
         print()
         met = print_table(res, args.batch)

@@ -32,7 +32,7 @@ def test_bench_store_smoke(tmp_path):
     header = next(line for line in out.splitlines() if line.startswith("measurement"))
     for column in ("gdskv GB/s", "limit GB/s", "ratio", "target"):
         assert column in header
-    rows = ("DRAM put (arena", "DRAM hit get_into", "NVMe write", "NVMe cold read get_into",
+    rows = ("DRAM put ", "DRAM put, first touch", "DRAM hit get_into", "NVMe write", "NVMe cold read get_into",
             "NVMe cold read batch_get_into (4)")
     for row in rows:
         line = next((ln for ln in out.splitlines() if ln.startswith(row)), None)
