@@ -14,25 +14,30 @@ NVMe cold read              plain sequential read of the same bytes, cache dropp
 ==========================  =====================================================
 
 - *DRAM put*: ``put`` of every block into a DRAM-only store (``ssd=0``) whose arena was
-  faulted in by a first pass (that pass is shown too). Includes the CRC32C the store
-  computes for every value. *DRAM hit*: ``get_into`` of every block into one preallocated
-  buffer. Each pass runs right after its numpy counterpart.
+  faulted in by a first pass; that first pass is shown too, beside a numpy copy into fresh
+  (not yet faulted) memory. Includes the CRC32C the store computes for every value.
+  *DRAM hit*: ``get_into`` of every block into one preallocated buffer.
 - *NVMe write*: wall time from the first ``put`` into a fresh store (eager offload, DRAM
   tier 1/8 of the data, so puts wait for the offloader once DRAM is full) until ``flush()``
   returns, i.e. until every bucket and its index are written, fsynced and renamed. The
   limit is the faster of two plain writes of the same bytes from the same buffers: one
   fsync at the end, and an fsync every 64 MiB (the bucket size).
-- *NVMe cold read*: the store is closed, the page cache is dropped (``drop_caches`` when
-  permitted, else ``posix_fadvise(DONTNEED)`` on every file after fsync; the banner says which),
-  and the store is reopened with a small DRAM tier; then ``get_into`` of every block, one at
-  a time, and ``batch_get_into`` in batches (one engine submission each). The store verifies
-  every value's CRC32C before returning it; that is part of the figure. The limit is one
-  sequential read (block-sized ``preadv`` calls) of the raw file after the same cache drop.
+- *NVMe cold read*: the store is closed and reopened with a small DRAM tier, the page cache
+  is dropped (``drop_caches`` when permitted, else ``posix_fadvise(DONTNEED)`` on every file
+  after fsync; the banner says which); then ``get_into`` of every block, one at a time, and
+  after another drop ``batch_get_into`` in batches (one engine submission each). The store
+  verifies every value's CRC32C before returning it; that is part of the figure. The limit
+  is a sequential read (block-sized ``preadv``) of a plain file holding the same bytes.
 
-Every pass moves all ``--size`` bytes; figures are medians over ``--repeats`` passes, and
-the raw and gdskv passes of each repeat run back to back. After the timed passes, every
-block is read back and compared with what was written (untimed). Targets (issue 2): DRAM
-get >= 0.7x memcpy; NVMe read and write >= 0.8x raw file I/O.
+Other processes change the speed of a shared machine from one second to the next, so the
+DRAM and cold-read figures are measured *interleaved*: gdskv and its limit take turns on
+64 MiB chunks of the blocks (alternating which goes first) and each one's time is summed.
+The three writes cannot share the disk that way; they run one after the other, in an order
+that rotates with the repeat. Every pass moves all ``--size`` bytes. GB/s figures are
+medians over ``--repeats`` passes; a ratio is the median over passes of gdskv / limit
+within the same pass. After the timed passes every block is read back and compared with
+what was written (untimed). Targets (issue 2): DRAM get >= 0.7x memcpy; NVMe read and write
+>= 0.8x raw file I/O.
 
 Usage::
 
