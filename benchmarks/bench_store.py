@@ -17,11 +17,11 @@ NVMe cold read              plain sequential read of the same bytes, cache dropp
   faulted in by a first pass; that first pass is shown too, beside a numpy copy into fresh
   (not yet faulted) memory. Includes the CRC32C the store computes for every value.
   *DRAM hit*: ``get_into`` of every block into one preallocated buffer.
-- *NVMe write*: wall time from the first ``put`` into a fresh store (eager offload, DRAM
-  tier 1/8 of the data, so puts wait for the offloader once DRAM is full) until ``flush()``
-  returns, i.e. until every bucket and its index are written, fsynced and renamed. The
-  limit is the faster of two plain writes of the same bytes from the same buffers: one
-  fsync at the end, and an fsync every 64 MiB (the bucket size).
+- *NVMe write*: wall time from the first ``put`` of a chunk into a fresh store (eager
+  offload, DRAM tier 1/8 of the data, so puts wait for the offloader once DRAM is full)
+  until ``flush()`` returns, i.e. until every bucket and its index are written, fsynced and
+  renamed. The limit is the faster of two plain sequential writes of the same bytes from the
+  same buffers: an fsync every 64 MiB (the bucket size), and one fsync per chunk.
 - *NVMe cold read*: the store is closed and reopened with a small DRAM tier, the page cache
   is dropped (``drop_caches`` when permitted, else ``posix_fadvise(DONTNEED)`` on every file
   after fsync; the banner says which); then ``get_into`` of every block, one at a time, and
@@ -29,11 +29,11 @@ NVMe cold read              plain sequential read of the same bytes, cache dropp
   verifies every value's CRC32C before returning it; that is part of the figure. The limit
   is a sequential read (block-sized ``preadv``) of a plain file holding the same bytes.
 
-Other processes change the speed of a shared machine from one second to the next, so the
-DRAM and cold-read figures are measured *interleaved*: gdskv and its limit take turns on
-64 MiB chunks of the blocks (alternating which goes first) and each one's time is summed.
-The three writes cannot share the disk that way; they run one after the other, in an order
-that rotates with the repeat. Every pass moves all ``--size`` bytes. GB/s figures are
+Other processes change the speed of a shared machine from one second to the next, so every
+figure is measured *interleaved*: gdskv and its limit take turns on chunks of the blocks
+(64 MiB; 512 MiB for writes, so that puts overlap the offload within a chunk as in a long
+run; the one that goes first rotates) and each one's time is summed. Every pass moves all
+``--size`` bytes. GB/s figures are
 medians over ``--repeats`` passes; a ratio is the median over passes of gdskv / limit
 within the same pass. After the timed passes every block is read back and compared with
 what was written (untimed). Targets (issue 2): DRAM get >= 0.7x memcpy; NVMe read and write
@@ -47,6 +47,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import platform
 import shutil
@@ -68,8 +69,11 @@ POOL = 32
 BUCKET_BYTES = gdskv.StoreConfig().bucket_bytes
 #: The NVMe phase's DRAM tier holds this fraction of the data, so the data must go through SSD.
 NVME_DRAM_FRACTION = 8
-#: Interleaving unit: gdskv and its limit take turns on chunks of about this many bytes.
+#: Interleaving unit of reads: gdskv and its limit take turns on chunks of this many bytes.
 CHUNK_BYTES = 64 << 20
+#: Interleaving unit of writes: eight buckets, so the store's puts overlap its offload
+#: within a chunk as they do in a long run (a chunk ends with flush()).
+WRITE_CHUNK_BYTES = 8 * BUCKET_BYTES
 #: Ratios each figure must reach (issue 2); None: shown, no target.
 TARGETS = {"dram_get": 0.7, "nvme_write": 0.8, "nvme_read": 0.8}
 
@@ -190,19 +194,17 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def interleaved(
-    chunks: List[range], first: Callable[[range], None], second: Callable[[range], None]
-) -> Tuple[float, float]:
-    """Run ``first`` and ``second`` on each chunk in turn, alternating which goes first, and
-    return each one's total seconds: both see the same machine, a chunk apart."""
-    totals = [0.0, 0.0]
-    fns = (first, second)
+def interleaved(chunks: List[range], *fns: Callable[[range], None]) -> List[float]:
+    """Run every ``fn`` on each chunk in turn, rotating which goes first, and return each
+    one's total seconds: all of them see the same machine, a chunk apart."""
+    totals = [0.0] * len(fns)
     for j, chunk in enumerate(chunks):
-        for k in (0, 1) if j % 2 == 0 else (1, 0):
+        for k in range(len(fns)):
+            k = (k + j) % len(fns)
             t0 = time.perf_counter()
             fns[k](chunk)
             totals[k] += time.perf_counter() - t0
-    return totals[0], totals[1]
+    return totals
 
 
 class Results:
@@ -243,7 +245,10 @@ def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path, chunks: 
     n, size = blocks.count, blocks.size
     keys = [blocks.key(i) for i in range(n)]
     out = np.empty(size, dtype=np.uint8)
-    resident = np.empty((n, size), dtype=np.uint8)  # not touched yet: the first pass faults it in
+    # Plain anonymous memory like the store's arena (numpy's own allocator may ask for huge
+    # pages, which fault in at another speed); not touched yet: the first pass faults it in.
+    mapping = mmap.mmap(-1, n * size)
+    resident = np.frombuffer(mapping, dtype=np.uint8).reshape(n, size)
     dram = n * (size + 64) + (1 << 20)
     bad: List[int] = []
     with gdskv.open(root / "dram", dram=dram, ssd=0, put_timeout_s=600.0) as store:
@@ -284,6 +289,7 @@ def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path, chunks: 
         if hits != n * (repeats + 1):
             raise SystemExit(f"expected every DRAM get to hit; stats say {hits} of {n * (repeats + 1)}")
     del resident
+    mapping.close()
     shutil.rmtree(root / "dram")
     return bad
 
@@ -297,13 +303,14 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
 
 
 class NvmePass:
-    """One repeat of the NVMe measurements: three writes (two plain, one through the store,
-    in an order that rotates with the repeat), then cold reads of the store interleaved
-    chunk by chunk with cold reads of the plain file."""
+    """One repeat of the NVMe measurements: store writes interleaved with two plain
+    sequential writes of the same bytes, then cold reads of that store interleaved with
+    cold reads of the plain file, with ``get_into`` and then with ``batch_get_into``."""
 
     def __init__(self, blocks: Blocks, root: Path, dropper: CacheDropper, args: argparse.Namespace) -> None:
         self.blocks = blocks
         self.raw = root / "raw.bin"
+        self.raw2 = root / "raw2.bin"
         self.path = root / "store"
         self.dropper = dropper
         self.args = args
@@ -313,47 +320,55 @@ class NvmePass:
                             put_timeout_s=600.0, promote_after_reads=0)
         self.write_stats: dict = {}
 
-    def raw_write(self, every: int) -> None:
-        """Sequential block-sized writes of every block, an fsync every ``every`` bytes
-        (0: only at the end)."""
-        n, size = self.blocks.count, self.blocks.size
-        fd = os.open(self.raw, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for i in range(n):
-                _pwrite_all(fd, self.blocks.view(i), i * size)
-                if every and ((i + 1) * size) % every < size:
-                    os.fsync(fd)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def store_write(self) -> None:
-        """Puts into a fresh store (eager offload, DRAM 1/8 of the data) until flush() returns."""
+    def fresh_store(self) -> "gdskv.Store":
+        """An empty store: eager offload, DRAM tier 1/8 of the data."""
         shutil.rmtree(self.path, ignore_errors=True)
         n, size = self.blocks.count, self.blocks.size
         dram = max(n * size // NVME_DRAM_FRACTION, 8 * (size + 64))
-        store = gdskv.open(self.path, dram=dram, offload="eager", **self.options)
+        return gdskv.open(self.path, dram=dram, offload="eager", **self.options)
+
+    def writes(self, res: Results) -> None:
+        """Store puts + flush() and two plain sequential writes of the same bytes (an fsync
+        per bucket size; an fsync per chunk), interleaved chunk by chunk. Leaves the store
+        and the first plain file for the reads."""
+        n, size = self.blocks.count, self.blocks.size
+        fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for p in (self.raw, self.raw2)]
+        store = self.fresh_store()
         try:
-            for i in range(n):
-                store.put(self.keys[i], self.blocks.view(i))
-            store.flush()
+
+            def put(chunk: range) -> None:
+                for i in chunk:
+                    store.put(self.keys[i], self.blocks.view(i))
+                store.flush()
+
+            def raw_fsync_per_bucket(chunk: range) -> None:
+                for i in chunk:
+                    _pwrite_all(fds[0], self.blocks.view(i), i * size)
+                    if ((i + 1) * size) % BUCKET_BYTES < size or i == chunk.stop - 1:
+                        os.fsync(fds[0])
+
+            def raw_fsync_per_chunk(chunk: range) -> None:
+                for i in chunk:
+                    _pwrite_all(fds[1], self.blocks.view(i), i * size)
+                os.fsync(fds[1])
+
+            chunks = chunked(n, size, WRITE_CHUNK_BYTES)
+            stored, per_bucket, per_chunk = interleaved(chunks, put, raw_fsync_per_bucket, raw_fsync_per_chunk)
+            res.add("nvme_write", stored)
+            res.add("raw_write_fsync_64MiB", per_bucket)
+            res.add("raw_write_fsync_chunk", per_chunk)
+            res.add("raw_write", min(per_bucket, per_chunk))
             self.write_stats = store.stats()
         finally:
+            for fd in fds:
+                os.close(fd)
             store.close()
+        os.unlink(self.raw2)
 
-    def run(self, res: Results, repeat: int, verify: bool) -> Tuple[List[int], dict]:
-        writers = [
-            ("raw_write_1fsync", lambda: self.raw_write(0)),
-            ("raw_write_chunked", lambda: self.raw_write(BUCKET_BYTES)),
-            ("nvme_write", self.store_write),
-        ]
-        shift = repeat % len(writers)
-        seconds = {name: timed(fn) for name, fn in writers[shift:] + writers[:shift]}
-        for name, _ in writers:
-            res.add(name, seconds[name])
-        res.add("raw_write", min(seconds["raw_write_1fsync"], seconds["raw_write_chunked"]))
+    def run(self, res: Results, verify: bool) -> Tuple[List[int], dict]:
         n, size = self.blocks.count, self.blocks.size
         chunks = chunked(n, size)
+        self.writes(res)
         out = np.empty(size, dtype=np.uint8)
         outs = [np.empty(size, dtype=np.uint8) for _ in range(self.args.batch)]
         bad: List[int] = []
@@ -406,9 +421,9 @@ class NvmePass:
         return bad, {"write": self.write_stats, "read": read_stats}
 
 
-def chunked(n: int, size: int) -> List[range]:
-    """Block index ranges of about CHUNK_BYTES each: the unit of interleaving."""
-    step = max(1, CHUNK_BYTES // size)
+def chunked(n: int, size: int, nbytes: int = 0) -> List[range]:
+    """Block index ranges of about ``nbytes`` (default CHUNK_BYTES) each: the unit of interleaving."""
+    step = max(1, (nbytes or CHUNK_BYTES) // size)
     return [range(i, min(i + step, n)) for i in range(0, n, step)]
 
 
@@ -542,7 +557,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "nvme" not in args.skip:
             nvme = NvmePass(blocks, root, dropper, args)
             for r in range(args.repeats):
-                wrong, stats = nvme.run(res, r, verify=(r == args.repeats - 1))
+                wrong, stats = nvme.run(res, verify=(r == args.repeats - 1))
                 bad += wrong
         print()
         met = print_table(res, args.batch)
