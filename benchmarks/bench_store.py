@@ -306,7 +306,7 @@ def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
 
 
 class NvmePass:
-    """One repeat of the NVMe measurements: store writes interleaved with two plain
+    """One repeat of the NVMe measurements: store writes interleaved with three plain
     sequential writes of the same bytes, then cold reads of that store interleaved with
     cold reads of the plain file, with ``get_into`` and then with ``batch_get_into``."""
 
