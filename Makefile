@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -c <(echo torch==2.13.0) -e '.[dev,bench,engine]'
 	touch $(STAMP)
 
-## The main job: the embedded store on a few GB of KV-sized blocks.
+## The main job: a few GB of KV blocks through the embedded store, verified byte by byte;
+## then TTFT per conversation round on the reference engine (table + plot paths last).
 demo: $(STAMP)
 	$(BIN)/gdskv demo
+	$(BIN)/gdskv bench-ttft
 
 ## The whole test suite (CPU only; GPU tests skip with a reason).
 test: $(STAMP)
