@@ -10,11 +10,20 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
   once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
   makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths.
   Futures also offer ``done()`` and can be awaited from asyncio.
+- ``open_file(path, flags, mode) -> int``: open a file the way this engine wants to move
+  its bytes: with ``O_DIRECT`` when the engine was built with ``direct=True`` and the
+  filesystem allows it, buffered otherwise (the refusal is counted and logged once).
+  Backends open their data files through it and never manage alignment: every engine
+  accepts unaligned offsets, lengths and buffers on an ``O_DIRECT`` file and moves them
+  through aligned staging memory it allocated once (:mod:`gdskv.gds.bounce`).
+- ``describe() -> dict``: what :meth:`gdskv.Store.stats` shows (name, O_DIRECT, and for an
+  engine chosen by ``auto``, why).
 - ``close()``: idempotent; later submits raise :class:`StoreClosedError`.
 
-Engines: ``psync`` (a thread pool of ``os.preadv``/``os.pwritev``; always available) and
-:class:`MemoryEngine`-style test doubles. io_uring and kvikio engines implement the same
-protocol.
+Engines: ``psync`` (a thread pool of ``os.preadv``/``os.pwritev``; always available),
+``uring`` (io_uring through the ``liburing`` package) and ``auto`` (probes and picks one of
+them, :mod:`gdskv.gds.probe`); :class:`gdskv.gds.faulty.FaultyEngine` wraps any engine to
+inject faults in tests.
 """
 
 from __future__ import annotations
@@ -23,7 +32,13 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import enum
+import logging
+import os
 from typing import Any, Generator, List, Optional, Sequence, Union
+
+from gdskv.gds.aligned import open_file
+
+log = logging.getLogger(__name__)
 
 
 class IoOp(enum.Enum):
@@ -104,6 +119,22 @@ class IoEngine:
     #: Registered name ("psync", "uring", "kvikio").
     name = "base"
 
+    def __init__(self, *, direct: bool = False) -> None:
+        #: Whether :meth:`open_file` asks for O_DIRECT.
+        self.direct = direct
+        #: Why this engine was chosen (set by ``auto``), shown by :meth:`describe`.
+        self.reason: Optional[str] = None
+        self.direct_refused = 0
+
+    def open_file(self, path: "str | os.PathLike[str]", flags: int, mode: int = 0o644) -> int:
+        """Open ``path`` for this engine: O_DIRECT when enabled and allowed, else buffered."""
+        fd, direct = open_file(path, flags, mode, direct=self.direct)
+        if self.direct and not direct:
+            self.direct_refused += 1
+            if self.direct_refused == 1:
+                log.info("gdskv: the filesystem of %s refuses O_DIRECT; using buffered I/O there", os.path.dirname(path))
+        return fd
+
     def submit(self, requests: Sequence[IoRequest]) -> IoFuture:  # pragma: no cover
         raise NotImplementedError
 
@@ -113,7 +144,10 @@ class IoEngine:
 
     def describe(self) -> dict[str, Any]:
         """What :meth:`gdskv.Store.stats` shows about this engine."""
-        return {"name": self.name}
+        out: dict[str, Any] = {"name": self.name, "direct": self.direct, "direct_refused": self.direct_refused}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
 
     def close(self) -> None:  # pragma: no cover
         raise NotImplementedError
