@@ -14,6 +14,9 @@ it back; a bucket whose last key is removed is deleted. Eviction is bucket-level
 LRU over bucket ids) under the byte cap. Readers pin a bucket so its file descriptor is not
 closed under them; an evicted bucket's files are unlinked at once and the descriptor closed
 when the last reader leaves.
+
+Data files are opened through the I/O engine (``O_DIRECT`` where the engine and filesystem
+allow it); the engine handles alignment, so records are handed to it as they are.
 """
 
 from __future__ import annotations
@@ -69,9 +72,9 @@ class _Bucket:
         self.readers = 0
         self.evicted = False
 
-    def open_fd(self) -> int:
+    def open_fd(self, engine: IoEngine) -> int:
         if self.fd is None:
-            self.fd = os.open(self.data_path, os.O_RDONLY)
+            self.fd = engine.open_file(self.data_path, os.O_RDONLY)
         return self.fd
 
     def close_fd(self) -> None:
@@ -247,7 +250,7 @@ class BucketBackend(StorageBackend):
         entries = []
         try:
             tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 requests = []
                 for i, (key, value, crc, offset) in enumerate(layout):
@@ -356,7 +359,7 @@ class BucketBackend(StorageBackend):
                     continue
                 entry = bucket.entries[key]
                 try:
-                    fd = bucket.open_fd()
+                    fd = bucket.open_fd(self.engine)
                 except OSError as exc:
                     self.counters["read_errors"] += 1
                     log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
