@@ -137,6 +137,12 @@ def slices(buffers: Sequence[memoryview], start: int, nbytes: int) -> List[memor
 
 def _copy(buffers: Sequence[memoryview], start: int, flat: memoryview, *, into_buffers: bool) -> None:
     want = flat.nbytes
+    if len(buffers) == 1:  # the common case, without the walk
+        if into_buffers:
+            buffers[0][start : start + want] = flat
+        else:
+            flat[:] = buffers[0][start : start + want]
+        return
     pos = 0  # position of the current buffer in the concatenation
     done = 0
     for b in buffers:

@@ -34,11 +34,13 @@ class Bounce:
 
     __slots__ = ("request", "offset", "end", "lo", "hi", "pieces", "tail")
 
-    def __init__(self, request: IoRequest, chunk_bytes: int) -> None:
+    def __init__(self, request: IoRequest, chunk_bytes: int, nbytes: Optional[int] = None) -> None:
         self.request = request
         self.offset = request.offset
-        self.end = request.offset + request.nbytes
-        self.lo, self.hi = span(self.offset, request.nbytes)
+        if nbytes is None:
+            nbytes = request.nbytes
+        self.end = request.offset + nbytes
+        self.lo, self.hi = span(self.offset, nbytes)
         #: Bytes ``[start, end)`` written buffered by :meth:`finish` (a partial last block
         #: past the end of the file), or None.
         self.tail: Optional[Tuple[int, int]] = None
@@ -46,7 +48,10 @@ class Bounce:
         if request.op is IoOp.WRITE and self.end % DIRECT_ALIGN and self.hi > os.fstat(request.fd).st_size:
             direct_hi = self.hi - DIRECT_ALIGN
             self.tail = (max(self.offset, direct_hi), self.end)
-        self.pieces: List[Tuple[int, int]] = list(chunks(self.lo, direct_hi, chunk_bytes))
+        if direct_hi - self.lo <= chunk_bytes:  # the common case: one chunk
+            self.pieces: List[Tuple[int, int]] = [(self.lo, direct_hi)] if direct_hi > self.lo else []
+        else:
+            self.pieces = list(chunks(self.lo, direct_hi, chunk_bytes))
 
     def need(self, c_lo: int, c_hi: int) -> int:
         """Bytes of chunk ``[c_lo, c_hi)`` a read must obtain: up to the request's end."""

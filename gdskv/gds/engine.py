@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import enum
 import logging
 import os
-from typing import Any, Generator, List, Optional, Sequence, Union
+from typing import Any, Generator, List, NamedTuple, Optional, Sequence, Union
 
 from gdskv.gds.aligned import open_file
 
@@ -46,12 +45,12 @@ class IoOp(enum.Enum):
     WRITE = "write"
 
 
-@dataclasses.dataclass(frozen=True)
-class IoRequest:
+class IoRequest(NamedTuple):
     """One vectored read or write at ``offset`` of the open file ``fd``.
 
     ``buffers`` are byte views (writable ones for reads); their lengths add up to the
-    transfer size. ``path`` is only used in error messages.
+    transfer size. ``path`` is only used in error messages. Immutable (a named tuple: cheap
+    to build, which matters at hundreds of thousands of requests per second).
     """
 
     op: IoOp

@@ -36,7 +36,7 @@ import time
 from typing import Any, Deque, Dict, Generator, List, Optional, Sequence, Union
 
 from gdskv.errors import IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, alloc_aligned, is_aligned, is_direct_fd
+from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce
 from gdskv.gds.engine import IoFuture, IoOp, IoRequest
 from gdskv.gds.iovec import Template
@@ -44,6 +44,11 @@ from gdskv.gds.iovec import Template
 #: Upper bound of one poll() while waiting, so a completion reaped by another driver of
 #: the same ring can never leave a waiter asleep for long.
 _POLL_MS = 50
+#: Bytes of completions handled (and copied out of staging) between two refills of the
+#: submission queue, and bytes of entries prepared (and copied into staging) before they
+#: are handed to the kernel while more are prepared: the device never waits on a long copy,
+#: and small requests still go in one system call per batch.
+_REFILL_BYTES = 1 << 20
 
 
 class RingFuture(IoFuture):
@@ -87,12 +92,13 @@ class RingFuture(IoFuture):
 class _Req:
     """One request of a batch: its ops, first error, and where its result goes."""
 
-    __slots__ = ("future", "index", "request", "pending", "error", "bounce")
+    __slots__ = ("future", "index", "request", "nbytes", "pending", "error", "bounce")
 
     def __init__(self, future: RingFuture, index: int, request: IoRequest) -> None:
         self.future = future
         self.index = index
         self.request = request
+        self.nbytes = 0
         self.pending = 0
         self.error: Optional[BaseException] = None
         self.bounce: Optional[Bounce] = None
@@ -119,10 +125,12 @@ class _Op:
 class Ring:
     """An io_uring of ``depth`` entries with ``slots`` staging chunks. See the module docstring."""
 
-    def __init__(self, lib: Any, *, depth: int, slots: int, chunk_bytes: int, fixed: bool) -> None:
+    def __init__(self, lib: Any, *, depth: int, slots: int, chunk_bytes: int, fixed: bool, split_bytes: int = 1 << 20) -> None:
         self._L = lib
         self.depth = depth
         self.chunk_bytes = chunk_bytes
+        #: Direct transfers larger than this go as several entries of this size (aligned).
+        self.split_bytes = max(split_bytes, chunk_bytes)
         self.closed = False
         #: Set when io_uring_enter failed outright; the engine then builds a new ring.
         self.broken = False
@@ -150,12 +158,14 @@ class Ring:
         self._backlog: Deque[_Op] = collections.deque()
         self._inflight: Dict[int, _Op] = {}
         self._unsubmitted = 0
+        self._unsubmitted_bytes = 0
         self._next_id = 1
 
     # ------------------------------------------------------------------ submission
 
     def submit(self, requests: Sequence[IoRequest]) -> RingFuture:
         future = RingFuture(self, len(requests))
+        direct_fds: Dict[int, bool] = {}  # one fcntl per file and batch, not per request
         with self._lock:
             if self.closed:
                 raise StoreClosedError("io_uring is closed")
@@ -163,18 +173,16 @@ class Ring:
                 raise IoError("io_uring is unusable after a failed submission")
             for index, request in enumerate(requests):
                 req = _Req(future, index, request)
-                if request.nbytes == 0:
-                    future._resolve(index, 0)
-                    continue
                 try:
-                    ops = self._plan(req)
+                    ops = self._plan(req, direct_fds)
                 except OSError as exc:
                     future._resolve(index, _io_error(request, request.offset, exc))
                     continue
-                if not ops:  # an unaligned write of less than a block past end of file
+                if not ops:  # nothing to transfer, or less than a block past end of file
                     try:
-                        req.bounce.finish()  # type: ignore[union-attr]
-                        future._resolve(index, request.nbytes)
+                        if req.bounce is not None:
+                            req.bounce.finish()
+                        future._resolve(index, req.nbytes)
                     except OSError as exc:
                         future._resolve(index, _io_error(request, request.offset, exc))
                     continue
@@ -183,16 +191,29 @@ class Ring:
             self._pump()
         return future
 
-    def _plan(self, req: _Req) -> List[_Op]:
+    def _plan(self, req: _Req, direct_fds: Dict[int, bool]) -> List[_Op]:
         r = req.request
-        if len(r.buffers) <= IOV_MAX and (not is_direct_fd(r.fd) or is_aligned(r.offset, r.buffers)):
-            return [_Op(req, r.offset, r.nbytes, r.nbytes, list(r.buffers))]
-        plan = req.bounce = Bounce(r, self.chunk_bytes)
-        reading = r.op is IoOp.READ
-        return [
-            _Op(req, c_lo, c_hi - c_lo, plan.need(c_lo, c_hi) if reading else c_hi - c_lo, None)
-            for c_lo, c_hi in plan.pieces
-        ]
+        buffers = r.buffers
+        nbytes = req.nbytes = buffers[0].nbytes if len(buffers) == 1 else sum(b.nbytes for b in buffers)
+        if nbytes == 0:
+            return []
+        direct = direct_fds.get(r.fd)
+        if direct is None:
+            direct = direct_fds[r.fd] = is_direct_fd(r.fd)
+        if len(buffers) <= IOV_MAX and (not direct or is_aligned(r.offset, buffers)):
+            if nbytes <= self.split_bytes:
+                return [_Op(req, r.offset, nbytes, nbytes, list(buffers))]
+            # Large transfers go as several entries, so one batch keeps the device busy
+            # evenly instead of waiting on its last, largest request.
+            ops = []
+            for start in range(0, nbytes, self.split_bytes):
+                n = min(self.split_bytes, nbytes - start)
+                ops.append(_Op(req, r.offset + start, n, n, slices(buffers, start, n)))
+            return ops
+        plan = req.bounce = Bounce(r, self.chunk_bytes, nbytes)
+        if r.op is IoOp.READ:
+            return [_Op(req, c_lo, c_hi - c_lo, plan.need(c_lo, c_hi), None) for c_lo, c_hi in plan.pieces]
+        return [_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None) for c_lo, c_hi in plan.pieces]
 
     def _pump(self) -> None:
         """Issue what fits, submit, reap; repeat while reaping freed room. Lock held."""
@@ -205,7 +226,9 @@ class Ring:
             self._issue()
             if self._unsubmitted:
                 self._submit()
-            if not self._reap() or not self._backlog:
+            # A few completions at a time, so freed slots are refilled and resubmitted
+            # before the device runs dry while staging is copied out.
+            if not self._reap(_REFILL_BYTES):
                 return
 
     def _issue(self) -> None:
@@ -236,6 +259,9 @@ class Ring:
                     return
             self._backlog.popleft()
             self._prep(sqe, op)
+            self._unsubmitted_bytes += op.length
+            if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
+                self._submit()
 
     def _prep(self, sqe: Any, op: _Op) -> None:
         L = self._L
@@ -275,6 +301,7 @@ class Ring:
             self._abort_unsubmitted(exc)
             return
         self._unsubmitted = max(0, self._unsubmitted - (n or 0))
+        self._unsubmitted_bytes = 0
 
     def _abort_unsubmitted(self, exc: OSError) -> None:
         """io_uring_enter failed outright: the ring is unusable and what was queued but not
@@ -288,10 +315,12 @@ class Ring:
 
     # ------------------------------------------------------------------ completion
 
-    def _reap(self) -> int:
+    def _reap(self, limit_bytes: int = 1 << 62) -> int:
+        """Handle completions, stopping once about ``limit_bytes`` were transferred."""
         L = self._L
         cqe = self._cqe
         done = []
+        total = 0
         for _ in L.CqeIter(self._ring, cqe):
             entry = cqe[0]
             ident = entry.user_data
@@ -300,6 +329,9 @@ class Ring:
             except OSError as exc:
                 res = -(exc.errno or 5)
             done.append((ident, res))
+            total += res
+            if total >= limit_bytes:
+                break
         if done:
             L.io_uring_cq_advance(self._ring, len(done))
         for ident, res in done:
@@ -322,7 +354,7 @@ class Ring:
                     op,
                     IoError(
                         f"short {request.op.value}",
-                        path=request.path, offset=request.offset, expected=request.nbytes,
+                        path=request.path, offset=request.offset, expected=req.nbytes,
                         got=max(0, op.offset + op.done - request.offset),
                     ),
                 )
@@ -356,7 +388,7 @@ class Ring:
                 req.bounce.finish()
             except OSError as exc:
                 req.error = _io_error(req.request, req.request.offset, exc)
-        req.future._resolve(req.index, req.error if req.error is not None else req.request.nbytes)
+        req.future._resolve(req.index, req.error if req.error is not None else req.nbytes)
 
     # ------------------------------------------------------------------ waiting
 
