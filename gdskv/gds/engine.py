@@ -117,6 +117,10 @@ class IoEngine:
 
     #: Registered name ("psync", "uring", "kvikio").
     name = "base"
+    #: Class-level defaults, for engines that do not call ``IoEngine.__init__``.
+    direct = False
+    reason: Optional[str] = None
+    direct_refused = 0
 
     def __init__(self, *, direct: bool = False) -> None:
         #: Whether :meth:`open_file` asks for O_DIRECT.
