@@ -10,8 +10,9 @@ For each engine x backend, through the backend API (the layer that puts objects 
 
 In the same run fio measures the same block size, queue depth and filesystem (io_uring,
 O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio of fio's.
-Every repeat runs fio and then each engine x backend, and the table shows medians, so the
-ratios hold on a disk whose speed drifts (shared virtual disks do).
+Every repeat runs fio and each engine x backend, in an order rotated from one repeat to
+the next, and the table shows medians, so the ratios hold on a disk whose speed drifts
+(shared virtual disks do).
 Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
 4 KiB path >= 0.5x fio's IOPS. fio is installed from the distribution's packages when it is
 missing (``--no-fio-install`` skips that); without it only absolute numbers are printed.
@@ -187,6 +188,11 @@ def gdskv_rand4k(backend, keys: Sequence[bytes], ops: int, qd: int, outs: List[m
 # --------------------------------------------------------------------------- report
 
 
+def rotated(items: Sequence, shift: int) -> list:
+    shift %= max(1, len(items))
+    return list(items[shift:]) + list(items[:shift])
+
+
 def open_engines(names: Sequence[str], base: Path) -> Dict[str, object]:
     """The engines to measure, O_DIRECT where the filesystem allows; unavailable ones are
     reported and skipped."""
@@ -276,12 +282,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     fio_dir = base / "fio"
     fio_dir.mkdir(exist_ok=True)
     samples: Dict[tuple, List[float]] = {}
+    # What one repeat runs: fio, then each engine x backend; every repeat starts one step
+    # further along this list, so no run always follows the same neighbour (a big write
+    # leaves the disk busy flushing for a while).
+    runs = ([("fio", "")] if fio else []) + [(e, b) for e in engines for b in backends]
 
     def add(key: tuple, value: float) -> None:
         samples.setdefault(key, []).append(value)
 
     try:
-        # Large objects. Every repeat measures fio and then every engine x backend, so that
+        # Large objects. Every repeat measures fio and every engine x backend, so that
         # each ratio compares figures taken minutes apart at most (the disk's speed drifts).
         for size in sizes:
             n = max(1, total // size)
@@ -289,11 +299,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             keys = [f"obj-{size}-{i}".encode() for i in range(n)]
             outs = out_buffers(args.qd, size, args.out_align)
             for r in range(args.repeat):
-                if fio:
-                    add(("fio", "write", size), fio_run(fio, fio_dir, rw="write", bs=size, qd=args.qd, size=n * size, direct=True))
-                    add(("fio", "read", size), fio_run(fio, fio_dir, rw="randread", bs=size, qd=args.qd, size=n * size, direct=True))
-                for engine_name, engine in engines.items():
-                    for backend_name in backends:
+                for engine_name, backend_name in rotated(runs, r):
+                    if engine_name == "fio":
+                        add(("fio", "write", size), fio_run(fio, fio_dir, rw="write", bs=size, qd=args.qd, size=n * size, direct=True))
+                        add(("fio", "read", size), fio_run(fio, fio_dir, rw="randread", bs=size, qd=args.qd, size=n * size, direct=True))
+                    else:
+                        engine = engines[engine_name]
                         work = base / f"{engine_name}-{backend_name}"
                         backend = open_backend(backend_name, work, engine, capacity)
                         try:
@@ -322,10 +333,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if fio:
             fio_run(fio, fio_dir, rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size, direct=True)
         for r in range(args.repeat):
-            if fio:
-                add(("fio", "rand", 4096), fio_run(fio, fio_dir, rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, direct=True, ios=args.rand_ops))
-            for (engine_name, backend_name), backend in small.items():
-                add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
+            for engine_name, backend_name in rotated(runs, r):
+                if engine_name == "fio":
+                    add(("fio", "rand", 4096), fio_run(fio, fio_dir, rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, direct=True, ios=args.rand_ops))
+                else:
+                    backend = small[(engine_name, backend_name)]
+                    add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
         for backend in small.values():
             backend.close()
     finally:

@@ -36,6 +36,7 @@ from gdskv.errors import (
     NoSpaceError,
     StoreClosedError,
 )
+from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic
@@ -252,6 +253,7 @@ class BucketBackend(StorageBackend):
             tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
             fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
+                preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
                 requests = []
                 for i, (key, value, crc, offset) in enumerate(layout):
                     seq = first_seq + i

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import xxhash
 
 from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
+from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
@@ -177,6 +178,7 @@ class FilePerKeyBackend(StorageBackend):
                 fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 fds.append(fd)
                 written.append((tmp, final))
+                preallocate(fd, record_size(len(key), value.nbytes))
                 head = encode_head(key, value.nbytes, first_seq + i, crc)
                 requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmp)))
                 entries.append(IndexEntry(key, len(head), value.nbytes, first_seq + i, crc))
