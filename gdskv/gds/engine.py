@@ -15,7 +15,9 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
   filesystem allows it, buffered otherwise (the refusal is counted and logged once).
   Backends open their data files through it and never manage alignment: every engine
   accepts unaligned offsets, lengths and buffers on an ``O_DIRECT`` file and moves them
-  through aligned staging memory it allocated once (:mod:`gdskv.gds.bounce`).
+  through aligned staging memory it allocated once (:mod:`gdskv.gds.bounce`). The one
+  rule: two writes of one batch (or of batches in flight together) must not touch the
+  same 4 KiB block of an O_DIRECT file, since each rewrites the whole block.
 - ``describe() -> dict``: what :meth:`gdskv.Store.stats` shows (name, O_DIRECT, and for an
   engine chosen by ``auto``, why).
 - ``close()``: idempotent; later submits raise :class:`StoreClosedError`.

@@ -80,9 +80,10 @@ class UringEngine(IoEngine):
         self._rings: "weakref.WeakSet[Ring]" = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
-        # Build the caller's ring now, so a kernel or sandbox that refuses io_uring fails
-        # here, at open, with a clear error rather than at the first I/O.
-        self._ring()
+        # Set up (and drop) a small ring now, so a kernel or sandbox that refuses io_uring
+        # fails here, at open, with a clear error rather than at the first I/O; the rings
+        # that do the work (and pin their staging) come with each thread's first submission.
+        Ring(self._lib, depth=2, slots=1, chunk_bytes=4096, fixed=False).close()
 
     def _ring(self) -> Ring:
         ring: Optional[Ring] = getattr(self._local, "ring", None)

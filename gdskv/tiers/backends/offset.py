@@ -525,6 +525,8 @@ class OffsetBackend(StorageBackend):
                     self._pins[start] -= 1
                     if not self._pins[start]:
                         del self._pins[start]
+                if self._closed and not self._pins:
+                    self._close_fd()  # closed while this read was in flight
         bad: List[Tuple[IndexEntry, str]] = []
         for (i, entry), outcome in zip(pinned, outcomes):
             key, out = items[i]
@@ -608,9 +610,14 @@ class OffsetBackend(StorageBackend):
                 log.warning("gdskv: final checkpoint of %s failed: %s", self.dir, exc)
             with self._lock:
                 self._closed = True
-                if self._fd is not None:
-                    os.close(self._fd)
-                    self._fd = None
+                if not self._pins:  # else the last reader closes it
+                    self._close_fd()
+
+    def _close_fd(self) -> None:
+        """Close the data file. ``_lock`` held."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _record_start(entry: IndexEntry) -> int:

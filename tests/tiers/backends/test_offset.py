@@ -194,3 +194,44 @@ def test_reads_see_bytes_through_numpy_outputs(tmp_path, engine):
     assert backend.read_batch([(b"np", memoryview(out))]) == [len(value)]
     assert out[: len(value)].tobytes() == value
     backend.close()
+
+
+def test_close_waits_for_a_read_in_flight(tmp_path, engine):
+    import threading
+
+    from gdskv.gds.engine import IoEngine
+
+    class Gated(IoEngine):
+        """Holds reads until released: a read stays in flight while close() runs."""
+
+        def __init__(self, inner):
+            super().__init__(direct=inner.direct)
+            self.inner, self.entered, self.release = inner, threading.Event(), threading.Event()
+
+        def open_file(self, path, flags, mode=0o644):
+            return self.inner.open_file(path, flags, mode)
+
+        def submit(self, requests):
+            if requests and requests[0].op.value == "read" and not self.release.is_set():
+                self.entered.set()
+                self.release.wait()
+            return self.inner.submit(requests)
+
+        def close(self):
+            pass
+
+    gated = Gated(engine)
+    gated.release.set()
+    backend = open_backend(tmp_path, gated)
+    value = block(11, 70_000)
+    backend.write(items({b"k": value}))
+    gated.release.clear()
+    got = []
+    reader = threading.Thread(target=lambda: got.append(read(backend, b"k", 70_000)))
+    reader.start()
+    gated.entered.wait()
+    backend.close()  # the read holds its record: the file stays open until it is done
+    assert backend._fd is not None  # noqa: SLF001
+    gated.release.set()
+    reader.join()
+    assert got == [value] and backend._fd is None  # noqa: SLF001
