@@ -9,7 +9,8 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
 - ``IoFuture.result(timeout=None) -> list[int]``: the byte count of each request, in order,
   once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
   makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths.
-  Futures also offer ``done()`` and can be awaited from asyncio.
+  Futures also offer ``done()``, ``as_completed()`` (each request's outcome as it
+  finishes) and can be awaited from asyncio.
 - ``open_file(path, flags, mode) -> int``: open a file the way this engine wants to move
   its bytes: with ``O_DIRECT`` when the engine was built with ``direct=True`` and the
   filesystem allows it, buffered otherwise (the refusal is counted and logged once).
@@ -35,7 +36,7 @@ import concurrent.futures
 import enum
 import logging
 import os
-from typing import Any, Generator, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from gdskv.gds.aligned import open_file
 
@@ -107,6 +108,13 @@ class IoFuture:
         """Wait for every request; return each one's byte count or its exception."""
         concurrent.futures.wait(self._parts, timeout=timeout)
         return [p.exception(timeout=0) or p.result(timeout=0) for p in self._parts]
+
+    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
+        """Yield ``(index, byte count or exception)`` for each request as it finishes, so a
+        caller can verify one while the others are still in flight."""
+        where = {id(p): i for i, p in enumerate(self._parts)}
+        for part in concurrent.futures.as_completed(self._parts, timeout=timeout):
+            yield where[id(part)], part.exception(timeout=0) or part.result(timeout=0)
 
     def __await__(self) -> Generator[Any, None, List[int]]:
         wrapped = [asyncio.wrap_future(p) for p in self._parts]

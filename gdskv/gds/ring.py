@@ -33,7 +33,7 @@ import os
 import select
 import threading
 import time
-from typing import Any, Deque, Dict, Generator, List, Optional, Sequence, Union
+from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 from gdskv.errors import IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, alloc_aligned, is_aligned, is_direct_fd, slices
@@ -58,10 +58,27 @@ class RingFuture(IoFuture):
         self._ring = ring
         self._values: List[Union[int, BaseException, None]] = [None] * count
         self._pending = count
+        self._order: List[int] = []  # indices in the order they resolved
 
     def _resolve(self, index: int, value: Union[int, BaseException]) -> None:
         self._values[index] = value
         self._pending -= 1
+        self._order.append(index)
+
+    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = 0
+        while True:
+            while seen < len(self._order):
+                index = self._order[seen]
+                seen += 1
+                yield index, self._values[index]  # type: ignore[misc]
+            if not self._pending:
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"{self._pending} I/O requests still in flight")
+            self._ring.wait(self, remaining, resolved=seen)
 
     def done(self) -> bool:
         if self._pending:
@@ -392,15 +409,16 @@ class Ring:
 
     # ------------------------------------------------------------------ waiting
 
-    def wait(self, future: RingFuture, timeout: Optional[float]) -> None:
-        """Drive the ring until ``future`` resolves or ``timeout`` seconds pass (0: no wait)."""
+    def wait(self, future: RingFuture, timeout: Optional[float], resolved: Optional[int] = None) -> None:
+        """Drive the ring until ``future`` resolves (or, given ``resolved``, until more than
+        that many of its requests have) or ``timeout`` seconds pass (0: no wait)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         poller = None
         while True:
             with self._lock:
                 if not self.closed:
                     self._pump()
-                if future._pending == 0:
+                if future._pending == 0 or (resolved is not None and len(future._order) > resolved):
                     return
                 if self.closed or (self.broken and not self._inflight):
                     raise StoreClosedError("io_uring closed with requests pending")

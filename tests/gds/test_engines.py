@@ -223,3 +223,22 @@ def test_small_write_past_the_end_makes_the_file_exactly_that_long(engine, dataf
     assert os.fstat(fd).st_size == offsets[-1] + len(values[-1])
     for o, v in zip(offsets, values):
         assert _read(engine, fd, path, o, len(v)) == v
+
+
+def test_as_completed_yields_each_request_once_with_its_outcome(engine, datafile):
+    fd, path = datafile
+    values = [block(300 + i, 20_000 + 4096 * i) for i in range(10)]
+    offsets = [i * (1 << 20) for i in range(10)]
+    engine.run([IoRequest.write(fd, o, memoryview(v), path=path) for o, v in zip(offsets, values)])
+    outs = [bytearray(len(v)) for v in values]
+    requests = [IoRequest.read(fd, o, memoryview(b), path=path) for o, b in zip(offsets, outs)]
+    requests.append(IoRequest.read(fd, 20 << 20, memoryview(bytearray(4096)), path=path))  # past the end
+    seen = {}
+    for index, outcome in engine.submit(requests).as_completed():
+        assert index not in seen
+        seen[index] = outcome
+        if index < len(values):  # its bytes are in as soon as it is reported
+            assert outs[index] == values[index]
+    assert sorted(seen) == list(range(len(requests)))
+    assert [seen[i] for i in range(len(values))] == [len(v) for v in values]
+    assert isinstance(seen[len(values)], IoError)

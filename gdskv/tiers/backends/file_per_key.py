@@ -248,6 +248,7 @@ class FilePerKeyBackend(StorageBackend):
         results: List[Optional[int]] = [None] * len(items)
         opened: List[Tuple[int, IndexEntry, int]] = []
         requests: List[IoRequest] = []
+        bad: List[Tuple[IndexEntry, str]] = []
         try:
             with self._lock:
                 self._check_open()
@@ -270,21 +271,21 @@ class FilePerKeyBackend(StorageBackend):
                     self._policy.touch(key)
                     opened.append((i, entry, fd))
                     requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(path)))
-            outcomes = self.engine.submit(requests).outcomes() if requests else []
+            # Each value is verified as soon as it is in, while the rest are in flight.
+            for j, outcome in self.engine.submit(requests).as_completed() if requests else ():
+                i, entry, _ = opened[j]
+                key, out = items[i]
+                if isinstance(outcome, BaseException):
+                    self.counters["read_errors"] += 1
+                    bad.append((entry, f"read failed: {outcome}"))
+                elif checksum(key, out[: entry.value_len]) != entry.crc:
+                    self.counters["corrupt_reads"] += 1
+                    bad.append((entry, "value checksum mismatch"))
+                else:
+                    results[i] = entry.value_len
         finally:
             for _, _, fd in opened:
                 os.close(fd)
-        bad: List[Tuple[IndexEntry, str]] = []
-        for (i, entry, _), outcome in zip(opened, outcomes):
-            key, out = items[i]
-            if isinstance(outcome, BaseException):
-                self.counters["read_errors"] += 1
-                bad.append((entry, f"read failed: {outcome}"))
-            elif checksum(key, out[: entry.value_len]) != entry.crc:
-                self.counters["corrupt_reads"] += 1
-                bad.append((entry, "value checksum mismatch"))
-            else:
-                results[i] = entry.value_len
         if bad:
             with self._lock:
                 for entry, why in bad:

@@ -23,8 +23,8 @@ checkpoint:
 - space that objects leave (overwritten, removed, dropped) is reused only after the next
   checkpoint, which no longer lists them, is durable.
 
-Reopening loads the checkpoint, scans only its window for records newer than the watermark
-(each verified: header checksum, key and value CRC32C), applies them in sequence order (a
+Reopening loads the checkpoint, scans only its window (:mod:`window`) for records newer
+than the watermark (each verified: header checksum, key and value CRC32C), applies them in sequence order (a
 record replaces an older one of its key; a tombstone removes it), rebuilds the allocator
 from the survivors, and writes a fresh checkpoint. So every write acknowledged as durable
 survives a crash, and a removed key never comes back. A value that itself contains a whole
@@ -37,7 +37,6 @@ while a read is in flight.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import threading
@@ -45,7 +44,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
-from gdskv.gds.aligned import alloc_aligned
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -54,7 +52,6 @@ from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
     RECORD_HEADER,
-    RECORD_MAGIC,
     IndexEntry,
     checksum,
     decode_head,
@@ -65,21 +62,13 @@ from gdskv.tiers.backends.record import (
     record_buffers,
     record_size,
 )
+from gdskv.tiers.backends.window import WINDOW_KEY, default_window, in_window, merge_extents, pick_window, scan_window
 from gdskv.tiers.policies import make_policy
 
 log = logging.getLogger(__name__)
 
 DATA_FILE = "data"
 CHECKPOINT_FILE = "checkpoint"
-#: Key of the checkpoint entries that describe window extents (object keys are never empty).
-WINDOW_KEY = b""
-#: Largest piece of the window read at once while scanning it on reopen.
-SCAN_CHUNK = 16 << 20
-
-
-def default_window(capacity: int) -> int:
-    """Window size for a file of ``capacity`` bytes: 1/16 of it, within [4 MiB, 256 MiB]."""
-    return max(4 << 20, min(256 << 20, capacity // 16)) // ALIGN * ALIGN
 
 
 class OffsetBackend(StorageBackend):
@@ -136,7 +125,8 @@ class OffsetBackend(StorageBackend):
         unlink_quietly(self.checkpoint_path.with_name(CHECKPOINT_FILE + ".tmp"))
         self._open_data_file()
         entries, window = self._load_checkpoint(report)
-        found = self._scan_window(window, report)
+        assert self._fd is not None
+        found = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
         for seq, flags, entry in sorted(found, key=lambda f: f[0]):
             current = entries.get(entry.key)
             if current is not None and current.seq >= seq:
@@ -216,69 +206,9 @@ class OffsetBackend(StorageBackend):
                 self._next_seq = max(self._next_seq, e.seq + 1)
         return entries, window
 
-    def _scan_window(self, window: List[Tuple[int, int]], report: RecoveryReport) -> List[Tuple[int, int, IndexEntry]]:
-        """Records newer than the watermark inside ``window``: ``(seq, flags, entry)``."""
-        found: List[Tuple[int, int, IndexEntry]] = []
-        if not window:
-            return found
-        largest = max(end - start for start, end in window)
-        staging = alloc_aligned(min(largest, SCAN_CHUNK) + (1 << 20))
-        try:
-            for start, end in window:
-                self._scan_extent(start, end, staging.view, found, report)
-        finally:
-            staging.close()
-        return found
-
-    def _scan_extent(self, start: int, end: int, buf: memoryview, found: list, report: RecoveryReport) -> None:
-        pos = start
-        base, have = start, 0  # buf holds file bytes [base, base + have)
-        while pos + RECORD_HEADER.size <= end:
-            if not (base <= pos and pos + ALIGN <= base + have):
-                base, have = pos, self._read_at(pos, min(end, pos + buf.nbytes) - pos, buf)
-                if have < RECORD_HEADER.size:
-                    return
-            rel = pos - base
-            if buf[rel : rel + 4] != RECORD_MAGIC:
-                pos += ALIGN
-                continue
-            try:
-                header = decode_head(buf[rel : rel + RECORD_HEADER.size], path=str(self.data_path), offset=pos)
-            except CorruptionError:
-                pos += ALIGN
-                continue
-            size = head_size(header.key_len) + (0 if header.flags & FLAG_TOMBSTONE else _align(header.value_len))
-            if header.seq <= self._watermark or pos + size > end:
-                pos += ALIGN
-                continue
-            record = self._read_record(pos, size, base, have, buf)
-            key = bytes(record[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
-            value_at = head_size(header.key_len)
-            entry = IndexEntry(key, pos + value_at, header.value_len, header.seq, header.crc)
-            if header.flags & FLAG_TOMBSTONE:
-                found.append((header.seq, header.flags, entry))
-            elif key and checksum(key, record[value_at : value_at + header.value_len]) == header.crc:
-                found.append((header.seq, header.flags, entry))
-            else:
-                report.dropped_torn += 1  # header written, value not (a crash mid-write)
-                pos += ALIGN
-                continue
-            pos += size
-
-    def _read_record(self, pos: int, size: int, base: int, have: int, buf: memoryview) -> memoryview:
-        if base <= pos and pos + size <= base + have:
-            return buf[pos - base : pos - base + size]
-        whole = bytearray(size)
-        self._read_at(pos, size, memoryview(whole))
-        return memoryview(whole)
-
-    def _read_at(self, offset: int, length: int, buf: memoryview) -> int:
+    def _read_at_strict(self, offset: int, buf: memoryview) -> None:
         assert self._fd is not None
-        try:
-            return self.engine.run([IoRequest.read(self._fd, offset, buf[:length], path=str(self.data_path))])[0]
-        except IoError as exc:
-            log.warning("gdskv: unreadable window in %s: %s", self.data_path, exc)
-            return 0
+        self.engine.run([IoRequest.read(self._fd, offset, buf, path=str(self.data_path))])
 
     def _verify_record(self, entry: IndexEntry) -> bool:
         start = _record_start(entry)
@@ -298,10 +228,6 @@ class OffsetBackend(StorageBackend):
             log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
             return False
         return True
-
-    def _read_at_strict(self, offset: int, buf: memoryview) -> None:
-        assert self._fd is not None
-        self.engine.run([IoRequest.read(self._fd, offset, buf, path=str(self.data_path))])
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -338,10 +264,10 @@ class OffsetBackend(StorageBackend):
                     "no room in the offset backend's file", needed=sum(sizes), free=self._alloc.free_bytes,
                     largest_free=self._alloc.largest_free, capacity=self.capacity,
                 )
-            window = self._pick_window()
+            window = pick_window(self._alloc.extents(), self.window_bytes)
             for offset, size in zip(offsets, sizes):
                 window.append((offset, offset + self._alloc.rounded(size)))
-            window = _merge(window)
+            window = merge_extents(window)
             watermark = self._next_seq - 1
             listed = list(self._entries.values())
         listed.extend(IndexEntry(WINDOW_KEY, start, end - start, 0, 0) for start, end in window)
@@ -369,20 +295,8 @@ class OffsetBackend(StorageBackend):
             offsets.append(offset)
         return offsets
 
-    def _pick_window(self) -> List[Tuple[int, int]]:
-        """The lowest free extents, clipped to ``window_bytes`` in all. ``_lock`` held."""
-        window, total = [], 0
-        for offset, size in self._alloc.extents():
-            take = min(size, self.window_bytes - total)
-            if take <= 0:
-                break
-            window.append((offset, offset + take))
-            total += take
-        return window
-
     def _in_window(self, offset: int, size: int) -> bool:
-        i = bisect.bisect_right(self._window, (offset, float("inf"))) - 1
-        return i >= 0 and offset + size <= self._window[i][1]
+        return in_window(self._window, offset, size)
 
     def _place(self, sizes: Sequence[int]) -> Tuple[List[int], List[bytes]]:
         """Offsets inside the current window for ``sizes``; checkpoint if they do not fit."""
@@ -516,8 +430,21 @@ class OffsetBackend(StorageBackend):
                 self._policy.touch(key)
                 pinned.append((i, entry))
                 requests.append(IoRequest.read(self._fd, entry.value_offset, out[: entry.value_len], path=str(self.data_path)))  # type: ignore[arg-type]
+        bad: List[Tuple[IndexEntry, str]] = []
         try:
-            outcomes = self.engine.submit(requests).outcomes() if requests else []
+            if requests:
+                # Each value is verified as soon as it is in, while the rest are in flight.
+                for j, outcome in self.engine.submit(requests).as_completed():
+                    i, entry = pinned[j]
+                    key, out = items[i]
+                    if isinstance(outcome, BaseException):
+                        self.counters["read_errors"] += 1
+                        bad.append((entry, f"read failed: {outcome}"))
+                    elif checksum(key, out[: entry.value_len]) != entry.crc:
+                        self.counters["corrupt_reads"] += 1
+                        bad.append((entry, "value checksum mismatch"))
+                    else:
+                        results[i] = entry.value_len
         finally:
             with self._lock:
                 for _, entry in pinned:
@@ -527,17 +454,6 @@ class OffsetBackend(StorageBackend):
                         del self._pins[start]
                 if self._closed and not self._pins:
                     self._close_fd()  # closed while this read was in flight
-        bad: List[Tuple[IndexEntry, str]] = []
-        for (i, entry), outcome in zip(pinned, outcomes):
-            key, out = items[i]
-            if isinstance(outcome, BaseException):
-                self.counters["read_errors"] += 1
-                bad.append((entry, f"read failed: {outcome}"))
-            elif checksum(key, out[: entry.value_len]) != entry.crc:
-                self.counters["corrupt_reads"] += 1
-                bad.append((entry, "value checksum mismatch"))
-            else:
-                results[i] = entry.value_len
         if bad:
             with self._lock:
                 for entry, why in bad:
@@ -622,17 +538,3 @@ class OffsetBackend(StorageBackend):
 
 def _record_start(entry: IndexEntry) -> int:
     return entry.value_offset - head_size(len(entry.key))
-
-
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def _merge(extents: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
-    out: List[Tuple[int, int]] = []
-    for start, end in sorted(extents):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
