@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
@@ -68,7 +69,7 @@ from gdskv.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from gdskv.gds import make_engine
+from gdskv.gds import IoEngine, make_engine
 from gdskv.metrics import Counters, rate
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.files import write_file_atomic
@@ -110,7 +111,9 @@ class CheckReport:
 class Store:
     """A DRAM + NVMe tiered key-value store for KV-cache blocks. Open with :func:`gdskv.open`."""
 
-    def __init__(self, path: "str | os.PathLike[str]", config: StoreConfig) -> None:
+    def __init__(self, path: "str | os.PathLike[str]", config: StoreConfig, *, engine: Optional[IoEngine] = None) -> None:
+        """Open the store in ``path``. ``engine`` replaces the one ``config.io_engine`` names
+        (the store owns it from then on and closes it); used to test fault handling."""
         self.path = Path(path)
         self.config = config
         self._lock_fd = _open_directory(self.path, config)
@@ -129,14 +132,21 @@ class Store:
         self._offload_paused_until = 0.0
         self._nvme_reads: dict[bytes, int] = {}
         self._listeners: List[StoreListener] = []
-        self._engine = None
+        self._engine: Optional[IoEngine] = None
         self._backend = None
         self._offloader: Optional[threading.Thread] = None
         try:
             self._dram = DramTier(config.dram_bytes, make_policy(config.eviction))
             self.recovery = None
             if config.has_ssd:
-                self._engine = make_engine(config.io_engine, threads=config.io_threads)
+                self._engine = engine if engine is not None else make_engine(
+                    config.io_engine,
+                    threads=config.io_threads,
+                    depth=config.io_depth,
+                    direct=config.direct_io,
+                    directory=self.path,
+                )
+                engine = None
                 self._backend = make_backend(
                     config.backend,
                     self.path,
@@ -149,7 +159,11 @@ class Store:
                 self._backend.evict_listener = lambda keys: self._notify_evicting(Tier.NVME, keys)
                 self._offloader = threading.Thread(target=self._offload_loop, name="gdskv-offload", daemon=True)
                 self._offloader.start()
+            elif engine is not None:  # no NVMe tier: nothing to move bytes for
+                engine.close()
         except BaseException:
+            if engine is not None:
+                engine.close()
             self._release_resources()
             raise
 
@@ -505,6 +519,7 @@ class Store:
                     "in_flight": len(self._inflight),
                     "failures": self._offload_failures,
                     "paused": time.monotonic() < self._offload_paused_until,
+                    "disk_full": _is_no_space(self._offload_error),
                     "last_error": str(self._offload_error) if self._offload_error else None,
                 }
                 out["io_engine"] = self._engine.describe()
@@ -860,6 +875,11 @@ class Store:
             f"Store({str(self.path)!r}, dram={format_size(self.config.dram_bytes)}, "
             f"ssd={format_size(self.config.ssd_bytes)}, offload={self.config.offload!r})"
         )
+
+
+def _is_no_space(error: Optional[GdskvError]) -> bool:
+    """Whether the last offload failed because the filesystem is full (ENOSPC)."""
+    return error is not None and error.context.get("errno") == errno.ENOSPC
 
 
 def _open_directory(path: Path, config: StoreConfig) -> int:

@@ -14,6 +14,9 @@ it back; a bucket whose last key is removed is deleted. Eviction is bucket-level
 LRU over bucket ids) under the byte cap. Readers pin a bucket so its file descriptor is not
 closed under them; an evicted bucket's files are unlinked at once and the descriptor closed
 when the last reader leaves.
+
+Data files are opened through the I/O engine (``O_DIRECT`` where the engine and filesystem
+allow it); the engine handles alignment, so records are handed to it as they are.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gdskv.errors import (
     NoSpaceError,
     StoreClosedError,
 )
+from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic
@@ -69,9 +73,9 @@ class _Bucket:
         self.readers = 0
         self.evicted = False
 
-    def open_fd(self) -> int:
+    def open_fd(self, engine: IoEngine) -> int:
         if self.fd is None:
-            self.fd = os.open(self.data_path, os.O_RDONLY)
+            self.fd = engine.open_file(self.data_path, os.O_RDONLY)
         return self.fd
 
     def close_fd(self) -> None:
@@ -247,8 +251,9 @@ class BucketBackend(StorageBackend):
         entries = []
         try:
             tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
+                preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
                 requests = []
                 for i, (key, value, crc, offset) in enumerate(layout):
                     seq = first_seq + i
@@ -358,7 +363,7 @@ class BucketBackend(StorageBackend):
                     continue
                 entry = bucket.entries[key]
                 try:
-                    fd = bucket.open_fd()
+                    fd = bucket.open_fd(self.engine)
                 except OSError as exc:
                     self.counters["read_errors"] += 1
                     log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
