@@ -198,11 +198,20 @@ class Store:
             self.put(key, value, overwrite=overwrite)
 
     def remove(self, key: Key) -> bool:
-        """Forget ``key`` in every tier, durably. Returns whether it was stored."""
+        """Forget ``key`` in every tier, durably. Returns whether it was stored.
+
+        If the key's bucket is being written right now, waits for that write to finish: the
+        offloader then takes the copy it landed on SSD back out (the DRAM entry is detached)
+        before this returns.
+        """
         k = encode_key(key)
         with self._lock:
             self._check_open()
-            return self._remove_locked(k)
+            entry = self._dram.lookup(k)
+            found = self._remove_locked(k)
+            while entry is not None and any(e is entry for e in self._inflight):
+                self._cond.wait()
+            return found
 
     def _remove_locked(self, k: bytes) -> bool:
         found = False
