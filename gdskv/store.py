@@ -421,11 +421,14 @@ class Store:
     def _promote(self, k: bytes, data: memoryview) -> bool:
         """Copy ``data`` (the NVMe value of ``k``) into DRAM if it fits under the high watermark."""
         assert self._backend is not None
+        # The key may have been overwritten since these bytes were read: promote them only
+        # if they are still the stored value.
+        crc = checksum(k, data)
         with self._lock:
             info = self._backend.lookup(k)
             if (
                 info is None
-                or info.size != data.nbytes
+                or (info.size, info.crc) != (data.nbytes, crc)
                 or self._dram.lookup(k) is not None
                 or self._dram.used + data.nbytes > self.config.high_watermark * self._dram.capacity
             ):
