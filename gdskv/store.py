@@ -545,10 +545,25 @@ class Store:
         nvme_objects = 0
         if self._backend is not None:
             nvme_objects = len(self._backend)
-            corrupt.extend(self._backend.check())
+            dropped = self._backend.check()
+            corrupt.extend(dropped)
+            with self._lock:
+                for k in dropped:
+                    self._ssd_copy_dropped(k)
         with self._lock:
             self._counters.add("corrupt", len(corrupt))
         return CheckReport(dram_objects=len(entries), nvme_objects=nvme_objects, corrupt_keys=corrupt)
+
+    def _ssd_copy_dropped(self, k: bytes) -> None:
+        """The SSD copy of ``k`` failed verification and was dropped. A DRAM copy that
+        counted on it is now the only one: it becomes DRAM-only again (not evictable, and
+        written to SSD anew: queued at once under eager offload, by watermark or close
+        otherwise). Lock held."""
+        entry = self._dram.readable(k)
+        if entry is not None and entry.ssd is SsdState.ON_SSD and self._backend.lookup(k) is None:  # type: ignore[union-attr]
+            entry.ssd = SsdState.NONE
+            if self.config.offload == "eager":
+                self._enqueue(entry)
 
     # ================================================================== offload
 

@@ -351,3 +351,37 @@ def test_data_files_without_index_are_all_counted(store_dir):
         assert store.recovery.dropped_torn == n and store.recovery.objects == 0
         assert data_files(store_dir) == []
         verify_others(store, gone=set(VALUES))
+
+
+# ---------------------------------------------------------------- check() and DRAM copies
+
+
+@pytest.mark.parametrize("offload,origin", [("eager", "offloaded"), ("eager", "promoted"), ("watermark", "promoted")])
+def test_check_dropping_a_corrupt_ssd_copy_keeps_the_good_dram_copy(tmp_path, offload, origin):
+    # The object is in DRAM and on SSD (offloaded after its put, or promoted after reads);
+    # its SSD copy rots. check() drops that copy, and the intact DRAM copy must not count
+    # as backed by SSD any more: it is written again (at once under eager offload, at close
+    # under watermark) instead of being lost at eviction or close.
+    path = tmp_path / "store"
+    victim = "k4"
+    with open_store(path, offload=offload) as store:
+        for key, value in VALUES.items():
+            if origin == "promoted" or key != victim:
+                store.put(key, value)
+    with open_store(path, offload=offload, promote_after_reads=1) as store:
+        if origin == "promoted":
+            assert store.get(victim) == VALUES[victim]
+            assert store.stats()["promoted"] == 1
+        else:
+            store.put(victim, VALUES[victim])
+            store.flush()
+        loc = locate(path, victim)
+        flip(loc.data, loc.entry.value_offset + 7)
+        report = store.check()
+        assert report.corrupt_keys == [victim.encode()]
+        assert store.get(victim) == VALUES[victim]  # served from DRAM
+        store.flush()
+        if offload == "eager":
+            assert locate(path, victim).data != loc.data  # written again, in a new bucket
+    with open_store(path) as store:
+        verify_others(store, gone=set())
