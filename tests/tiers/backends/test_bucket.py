@@ -191,6 +191,23 @@ def test_check_drops_only_what_is_corrupt(backends):
     assert b.check() == []
 
 
+def test_check_does_not_report_objects_removed_or_evicted_while_it_runs(backends):
+    b = backends.open()
+    for i in range(4):
+        write(b, {f"k{i}": block(i, 5000)})  # one bucket each
+    real = b._verify_record
+
+    def verify_after_a_concurrent_remove(bucket, entry):
+        if entry.key == b"k1":
+            b.remove(b"k1")  # its bucket is emptied: both files are deleted
+        return real(bucket, entry)
+
+    b._verify_record = verify_after_a_concurrent_remove
+    assert b.check() == []
+    assert b.stats()["corrupt_reads"] == 0
+    assert [read(b, f"k{i}") for i in (0, 2, 3)] == [block(i, 5000) for i in (0, 2, 3)]
+
+
 def test_a_failed_bucket_write_leaves_nothing_behind(backends, tmp_path):
     b = backends.open()
     write(b, {"a": block(1, 100)})
