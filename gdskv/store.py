@@ -717,14 +717,21 @@ class Store:
 
     def _select_for_offload(self) -> None:
         """Watermark policy: above the high watermark, queue the coldest DRAM-only objects
-        (and evict those already on SSD) until usage would reach the low watermark."""
+        (and evict those already on SSD) until usage would reach the low watermark; while a
+        put waits for room and nothing is being offloaded, queue at least one bucket."""
         cap = self._dram.capacity
         if self._dram.used <= self.config.high_watermark * cap and not self._space_waiters:
             return
         low = self.config.low_watermark * cap
         self._evict_dram(until=lambda: self._dram.used <= low)
         projected = self._dram.used - self._pending_bytes - sum(e.size for e in self._inflight)
-        if projected <= low:
+        target = low
+        if self._space_waiters and not self._pending and not self._inflight:
+            # A waiting put needs a free extent that usage does not show (the arena can be
+            # fragmented below the low watermark): queue at least one bucket of the coldest
+            # DRAM-only objects, so that evicting them can make room.
+            target = min(low, projected - max(1, min(self.config.bucket_bytes, self.config.ssd_bytes // 4)))
+        if projected <= target:
             return
         chosen = []
         for key in self._dram.policy.ordered():
@@ -732,7 +739,7 @@ class Store:
             if entry.complete and entry.ssd is SsdState.NONE:
                 chosen.append(entry)
                 projected -= entry.size
-                if projected <= low:
+                if projected <= target:
                     break
         for entry in chosen:
             self._enqueue(entry)

@@ -46,3 +46,28 @@ def test_promotion_of_bytes_read_before_an_overwrite_does_not_serve_them(make_st
     assert got == [old]  # the read itself began before the overwrite
     assert store.get("k") == new
     assert store.get("k") == new  # also once served from DRAM
+
+
+
+def test_watermark_put_waiting_on_a_fragmented_arena_gets_room(make_store):
+    # DRAM usage is below the low watermark, but removes left only 100 KiB holes: a 200 KiB
+    # put fits nowhere, and every object is DRAM-only (nothing evictable yet). The waiting
+    # put must make the offloader write cold objects so that evicting them makes room,
+    # rather than time out with NoSpaceError.
+    store = make_store(dram="1MiB", offload="watermark", put_timeout_s=10.0, promote_after_reads=0)
+    values = {f"k{i}": block(i, 100 * KiB) for i in range(9)}  # 88% of DRAM: below high
+    for key, value in values.items():
+        store.put(key, value)
+    for i in (1, 3, 5, 7):
+        store.remove(f"k{i}")
+        del values[f"k{i}"]
+    assert store.stats()["offload"]["objects"] == 0
+    big = block(99, 200 * KiB)
+    store.put("big", big)
+    values["big"] = big
+    s = store.stats()
+    assert s["puts"]["waited"] >= 1 and s["puts"]["no_space"] == 0
+    assert s["offload"]["objects"] >= 1 and s["dram"]["dropped"] == 0
+    for key, value in values.items():
+        assert store.get(key) == value
+
