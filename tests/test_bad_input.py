@@ -199,6 +199,8 @@ CONFIG_CASES = {
     "backend": ({"backend": "rocksdb"}, "rocksdb", ["bucket"]),
     "io_engine": ({"io_engine": "aio"}, "aio", ["psync"]),
     "verify_on_open": ({"verify_on_open": "paranoid"}, "paranoid", ["index", "full"]),
+    "unknown option": ({"colour": "blue"}, "colour", ["dram", "ssd", "eviction", "offload", "bucket_bytes", "put_timeout_s"]),
+    "misspelt option": ({"evicton": "lru"}, "evicton", ["eviction"]),
 }
 
 
