@@ -173,9 +173,11 @@ class Store:
             elapsed = time.perf_counter() - t0
         except BaseException:
             with self._lock:
+                self._dram.written(entry)
                 self._dram.detach(entry)
             raise
         with self._lock:
+            self._dram.written(entry)
             self._counters.add("puts")
             self._counters.add("put_bytes", entry.size)
             self._counters.add("put_seconds", elapsed)
@@ -439,6 +441,7 @@ class Store:
             self._nvme_reads.pop(k, None)
         self._dram.write(entry, data)
         with self._lock:
+            self._dram.written(entry)
             if entry.detached:
                 self._dram.release(entry)
                 return False

@@ -79,6 +79,40 @@ def test_watermark_put_waiting_on_a_fragmented_arena_gets_room(make_store):
         assert store.get(key) == value
 
 
+
+@pytest.mark.parametrize("then", ["remove", "overwrite"])
+def test_put_whose_key_is_removed_while_its_bytes_are_copied(make_store, then):
+    # The copy of "a" into DRAM is held; meanwhile "a" is removed (or overwritten) and "b"
+    # is put, and would be given the memory "a" was reserved. That memory must stay "a"'s
+    # until its copy is over: "b" is never overwritten, and the put of "a" does not fail.
+    store = make_store(dram="1MiB", ssd=0)
+    va, vb = block(1, 256 * KiB), block(2, 256 * KiB)
+    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"a")
+    errors = []
+
+    def put_a():
+        try:
+            store.put("a", va)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    writer = threading.Thread(target=put_a)
+    writer.start()
+    copy.wait_reached()
+    if then == "remove":
+        assert store.remove("a") is False  # not readable yet, but forgotten
+    else:
+        store.put("a", block(3, 1000), overwrite=True)
+    store.put("b", vb)
+    copy.open()
+    writer.join(10)
+    assert not errors
+    assert store.get("b") == vb
+    assert store.get("a") == (None if then == "remove" else block(3, 1000))
+    expected_used = 256 * KiB + (0 if then == "remove" else 1024)
+    assert store.stats()["dram"]["used_bytes"] == expected_used  # a's reservation was freed
+
+
 # ---------------------------------------------------------------- the stress scenario
 
 SIZES = [16, 1000, 4096, 10_000, 64 * KiB, 200 * KiB]
