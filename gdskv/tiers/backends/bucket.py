@@ -324,6 +324,10 @@ class BucketBackend(StorageBackend):
             del self._index[key]
         if not bucket.entries:
             self._drop_bucket(bucket)
+            try:
+                fsync_dir(self.dir)  # the unlinks, like an index rewrite, must outlive a power loss
+            except OSError as exc:
+                raise IoError(f"could not sync {self.dir}: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
         else:
             self._persist_index(bucket)
 

@@ -3,6 +3,7 @@ bucket eviction under the cap, readers racing with eviction, check()."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -242,3 +243,26 @@ def test_full_verification_at_open_drops_only_bad_records(backends):
     backends.close_all()
     b = backends.open(verify_on_open="full")
     assert b.report.dropped_corrupt == 0 and b.report.objects == 2
+
+
+def test_removing_the_last_key_of_a_bucket_syncs_the_directory(backends, monkeypatch):
+    # A remove is durable: deleting an emptied bucket's files must reach the disk (a
+    # directory fsync after the unlinks) before remove() returns, as an index rewrite does.
+    from gdskv.tiers.backends import bucket as bucket_module
+    from gdskv.tiers.backends import files as files_module
+
+    real = files_module.fsync_dir
+    listings = []  # what the directory held at each of its fsyncs
+
+    def recording_fsync_dir(path):
+        listings.append(sorted(os.listdir(path)))
+        real(path)
+
+    monkeypatch.setattr(files_module, "fsync_dir", recording_fsync_dir)
+    monkeypatch.setattr(bucket_module, "fsync_dir", recording_fsync_dir)
+    b = backends.open()
+    write(b, {"a": block(1, 100)})
+    loc = locate(backends.root, "a")
+    assert listings and loc.index.name in listings[-1]
+    assert b.remove(b"a")
+    assert loc.index.name not in listings[-1] and loc.data.name not in listings[-1]
