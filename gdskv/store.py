@@ -694,10 +694,11 @@ class Store:
             entry = self._dram.lookup(key)
             if entry is not None and entry.ssd is SsdState.ON_SSD:
                 entry.ssd = SsdState.LOST
+        stale: List[bytes] = []
         for entry in batch:
             entry.ssd = SsdState.ON_SSD
-            if entry.detached:  # removed while being written: take the new copy back out
-                self._backend.remove(entry.key)  # type: ignore[union-attr]
+            if entry.detached:  # overwritten or dropped while being written
+                stale.append(entry.key)
                 self._dram.release(entry)
         self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
         self._counters.add("offloaded", len(batch))
@@ -706,6 +707,13 @@ class Store:
         if self.config.offload == "watermark":
             low = self.config.low_watermark * self._dram.capacity
             self._evict_dram(until=lambda: self._dram.used <= low)
+        for key in stale:  # take the copies just written back out; last, as it can fail
+            try:
+                self._backend.remove(key)  # type: ignore[union-attr]
+            except GdskvError as exc:
+                # The offloader must live on; the copy is superseded by the key's next write.
+                self._offload_error = exc
+                log.warning("gdskv: could not remove a stale copy of %r from SSD: %s", key[:64], exc)
 
     def _fail_batch(self, batch: List[DramEntry], error: GdskvError) -> None:
         """Keep the batch in DRAM, queued again at the front, and pause offload a while."""

@@ -9,6 +9,7 @@ import pytest
 
 import gdskv
 from conftest import block
+from gdskv.errors import IoError
 from gates import After, Gate
 from ondisk import disk_objects
 
@@ -218,3 +219,38 @@ def test_reopen_loop_with_the_ssd_cap_evicting_buckets(tmp_path, ssd_eviction, o
         bucket_bytes=256 * KiB, bucket_max_age_s=0.01, promote_after_reads=1,
     )
     assert totals["lost"] > 10 and totals["present_after_reopen"] > 30
+
+
+def test_offloader_survives_a_failure_to_remove_a_stale_copy(tmp_path):
+    # "k" is overwritten while its old value is being written to SSD; once that write is
+    # done the offloader takes the stale copy back out, and here that fails (an injected
+    # I/O error, as from a full disk rewriting an index). The offloader must live on: the
+    # new value still reaches SSD, flush() and close() return, a reopen serves the new value.
+    store = gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB", bucket_max_age_s=0.001)
+    try:
+        backend = store._backend
+        writing = backend.engine.run = Gate(backend.engine.run)
+        real_remove = backend.remove
+        failures = []
+
+        def remove_failing_once(key):
+            if not failures:
+                failures.append(key)
+                raise IoError("injected: index rewrite failed", path=str(tmp_path))
+            return real_remove(key)
+
+        old, new = block(1, 64 * KiB), block(2, 32 * KiB)
+        store.put("k", old)
+        writing.wait_reached()  # the old value is being written
+        store.put("k", new, overwrite=True)
+        backend.remove = remove_failing_once
+        writing.open()
+        store.flush(timeout=10)
+        assert failures == [b"k"]
+        assert store.get("k") == new
+        assert store.stats()["offload"]["objects"] == 2
+        store.close()
+    finally:
+        store.close(drain=False)  # a no-op after close(); never waits on a dead offloader
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as reopened:
+        assert reopened.get("k") == new and len(reopened) == 1
