@@ -245,7 +245,7 @@ class Workload:
 def test_threads_put_get_and_remove_with_offload_and_eviction(make_store, tmp_path, eviction, offload):
     options = dict(
         dram="2MiB", ssd="64MiB", eviction=eviction, ssd_eviction=eviction, offload=offload,
-        bucket_bytes=256 * KiB, bucket_max_age_s=0.005, promote_after_reads=2,
+        bucket_bytes=256 * KiB, bucket_max_age_s=0.005, promote_after_reads=2, put_timeout_s=30.0,
     )
     store = make_store(**options)
     work = Workload(store, seed={"lru": 1, "fifo": 2}[eviction] * 10 + {"eager": 1, "watermark": 2}[offload])
