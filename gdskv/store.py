@@ -187,9 +187,11 @@ class Store:
             elapsed = time.perf_counter() - t0
         except BaseException:
             with self._lock:
+                self._dram.written(entry)
                 self._dram.detach(entry)
             raise
         with self._lock:
+            self._dram.written(entry)
             self._counters.add("puts")
             self._counters.add("put_bytes", entry.size)
             self._counters.add("put_seconds", elapsed)
@@ -212,11 +214,20 @@ class Store:
             self.put(key, value, overwrite=overwrite)
 
     def remove(self, key: Key) -> bool:
-        """Forget ``key`` in every tier, durably. Returns whether it was stored."""
+        """Forget ``key`` in every tier, durably. Returns whether it was stored.
+
+        If the key's bucket is being written right now, waits for that write to finish: the
+        offloader then takes the copy it landed on SSD back out (the DRAM entry is detached)
+        before this returns.
+        """
         k = encode_key(key)
         with self._lock:
             self._check_open()
-            return self._remove_locked(k)
+            entry = self._dram.lookup(k)
+            found = self._remove_locked(k)
+            while entry is not None and any(e is entry for e in self._inflight):
+                self._cond.wait()
+            return found
 
     def _remove_locked(self, k: bytes) -> bool:
         found = False
@@ -426,11 +437,14 @@ class Store:
     def _promote(self, k: bytes, data: memoryview) -> bool:
         """Copy ``data`` (the NVMe value of ``k``) into DRAM if it fits under the high watermark."""
         assert self._backend is not None
+        # The key may have been overwritten since these bytes were read: promote them only
+        # if they are still the stored value.
+        crc = checksum(k, data)
         with self._lock:
             info = self._backend.lookup(k)
             if (
                 info is None
-                or info.size != data.nbytes
+                or (info.size, info.crc) != (data.nbytes, crc)
                 or self._dram.lookup(k) is not None
                 or self._dram.used + data.nbytes > self.config.high_watermark * self._dram.capacity
             ):
@@ -441,6 +455,7 @@ class Store:
             self._nvme_reads.pop(k, None)
         self._dram.write(entry, data)
         with self._lock:
+            self._dram.written(entry)
             if entry.detached:
                 self._dram.release(entry)
                 return False
@@ -548,10 +563,25 @@ class Store:
         nvme_objects = 0
         if self._backend is not None:
             nvme_objects = len(self._backend)
-            corrupt.extend(self._backend.check())
+            dropped = self._backend.check()
+            corrupt.extend(dropped)
+            with self._lock:
+                for k in dropped:
+                    self._ssd_copy_dropped(k)
         with self._lock:
             self._counters.add("corrupt", len(corrupt))
         return CheckReport(dram_objects=len(entries), nvme_objects=nvme_objects, corrupt_keys=corrupt)
+
+    def _ssd_copy_dropped(self, k: bytes) -> None:
+        """The SSD copy of ``k`` failed verification and was dropped. A DRAM copy that
+        counted on it is now the only one: it becomes DRAM-only again (not evictable, and
+        written to SSD anew: queued at once under eager offload, by watermark or close
+        otherwise). Lock held."""
+        entry = self._dram.readable(k)
+        if entry is not None and entry.ssd is SsdState.ON_SSD and self._backend.lookup(k) is None:  # type: ignore[union-attr]
+            entry.ssd = SsdState.NONE
+            if self.config.offload == "eager":
+                self._enqueue(entry)
 
     # ================================================================== offload
 
@@ -679,10 +709,11 @@ class Store:
             entry = self._dram.lookup(key)
             if entry is not None and entry.ssd is SsdState.ON_SSD:
                 entry.ssd = SsdState.LOST
+        stale: List[bytes] = []
         for entry in batch:
             entry.ssd = SsdState.ON_SSD
-            if entry.detached:  # removed while being written: take the new copy back out
-                self._backend.remove(entry.key)  # type: ignore[union-attr]
+            if entry.detached:  # overwritten or dropped while being written
+                stale.append(entry.key)
                 self._dram.release(entry)
         self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
         self._counters.add("offloaded", len(batch))
@@ -691,6 +722,13 @@ class Store:
         if self.config.offload == "watermark":
             low = self.config.low_watermark * self._dram.capacity
             self._evict_dram(until=lambda: self._dram.used <= low)
+        for key in stale:  # take the copies just written back out; last, as it can fail
+            try:
+                self._backend.remove(key)  # type: ignore[union-attr]
+            except GdskvError as exc:
+                # The offloader must live on; the copy is superseded by the key's next write.
+                self._offload_error = exc
+                log.warning("gdskv: could not remove a stale copy of %r from SSD: %s", key[:64], exc)
 
     def _fail_batch(self, batch: List[DramEntry], error: GdskvError) -> None:
         """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
@@ -705,14 +743,21 @@ class Store:
 
     def _select_for_offload(self) -> None:
         """Watermark policy: above the high watermark, queue the coldest DRAM-only objects
-        (and evict those already on SSD) until usage would reach the low watermark."""
+        (and evict those already on SSD) until usage would reach the low watermark; while a
+        put waits for room and nothing is being offloaded, queue at least one bucket."""
         cap = self._dram.capacity
         if self._dram.used <= self.config.high_watermark * cap and not self._space_waiters:
             return
         low = self.config.low_watermark * cap
         self._evict_dram(until=lambda: self._dram.used <= low)
         projected = self._dram.used - self._pending_bytes - sum(e.size for e in self._inflight)
-        if projected <= low:
+        target = low
+        if self._space_waiters and not self._pending and not self._inflight:
+            # A waiting put needs a free extent that usage does not show (the arena can be
+            # fragmented below the low watermark): queue at least one bucket of the coldest
+            # DRAM-only objects, so that evicting them can make room.
+            target = min(low, projected - max(1, min(self.config.bucket_bytes, self.config.ssd_bytes // 4)))
+        if projected <= target:
             return
         chosen = []
         for key in self._dram.policy.ordered():
@@ -720,7 +765,7 @@ class Store:
             if entry.complete and entry.ssd is SsdState.NONE:
                 chosen.append(entry)
                 projected -= entry.size
-                if projected <= low:
+                if projected <= target:
                     break
         for entry in chosen:
             self._enqueue(entry)

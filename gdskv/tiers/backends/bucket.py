@@ -329,6 +329,10 @@ class BucketBackend(StorageBackend):
             del self._index[key]
         if not bucket.entries:
             self._drop_bucket(bucket)
+            try:
+                fsync_dir(self.dir)  # the unlinks, like an index rewrite, must outlive a power loss
+            except OSError as exc:
+                raise IoError(f"could not sync {self.dir}: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
         else:
             self._persist_index(bucket)
 
@@ -417,12 +421,15 @@ class BucketBackend(StorageBackend):
         """Verify every record (header, key, value checksum); drop and return corrupt keys."""
         with self._lock:
             snapshot = [(b, e) for b in self._buckets.values() for e in b.entries.values()]
-        corrupt = [e.key for b, e in snapshot if not self._verify_record(b, e)]
+        failed = [(b, e) for b, e in snapshot if not self._verify_record(b, e)]
+        corrupt: List[bytes] = []
         with self._lock:
-            for bucket, entry in snapshot:
-                if entry.key in corrupt and bucket.entries.get(entry.key) is entry:
+            for bucket, entry in failed:
+                # Removed, overwritten or evicted meanwhile (its file may be gone): not corrupt.
+                if bucket.entries.get(entry.key) is entry:
+                    corrupt.append(entry.key)
                     self._forget(bucket, entry.key)
-        self.counters["corrupt_reads"] += len(corrupt)
+            self.counters["corrupt_reads"] += len(corrupt)
         return corrupt
 
     def keys(self) -> List[bytes]:
