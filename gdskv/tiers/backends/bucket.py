@@ -34,7 +34,6 @@ from gdskv.errors import (
     InvalidValueError,
     IoError,
     NoSpaceError,
-    StoreClosedError,
 )
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
@@ -106,7 +105,7 @@ class BucketBackend(StorageBackend):
         self._policy = make_policy(eviction)
         self._lock = threading.Lock()
         self._buckets: Dict[int, _Bucket] = {}
-        self._index: Dict[bytes, _Bucket] = {}
+        self._objects: Dict[bytes, _Bucket] = {}
         self._used = 0
         self._next_bucket = 1
         self._next_seq = 1
@@ -168,9 +167,9 @@ class BucketBackend(StorageBackend):
             self._policy.insert(bucket_id)
             self._used += bucket.data_len
             for key in bucket.entries:
-                self._index[key] = bucket
+                self._objects[key] = bucket
         report.containers = len(self._buckets)
-        report.objects = len(self._index)
+        report.objects = len(self._objects)
         report.bytes = sum(e.value_len for b in self._buckets.values() for e in b.entries.values())
         if report.dropped_torn or report.dropped_corrupt:
             log.warning(
@@ -280,10 +279,10 @@ class BucketBackend(StorageBackend):
             self._buckets[bucket.id] = bucket
             self._policy.insert(bucket.id)
             for key in bucket.entries:
-                older = self._index.get(key)
+                older = self._objects.get(key)
                 if older is not None:
                     self._forget(older, key)
-                self._index[key] = bucket
+                self._objects[key] = bucket
             self.counters["buckets_written"] += 1
             self.counters["bytes_written"] += data_len
         return evicted
@@ -307,8 +306,8 @@ class BucketBackend(StorageBackend):
     def _drop_bucket(self, bucket: _Bucket) -> None:
         """Remove a bucket from the index and from disk. Lock held."""
         for key in bucket.entries:
-            if self._index.get(key) is bucket:
-                del self._index[key]
+            if self._objects.get(key) is bucket:
+                del self._objects[key]
         bucket.entries = {}
         self._policy.remove(bucket.id)
         self._buckets.pop(bucket.id, None)
@@ -325,8 +324,8 @@ class BucketBackend(StorageBackend):
     def _forget(self, bucket: _Bucket, key: bytes) -> None:
         """Drop ``key`` from ``bucket`` durably. Lock held."""
         bucket.entries.pop(key, None)
-        if self._index.get(key) is bucket:
-            del self._index[key]
+        if self._objects.get(key) is bucket:
+            del self._objects[key]
         if not bucket.entries:
             self._drop_bucket(bucket)
             try:
@@ -343,7 +342,7 @@ class BucketBackend(StorageBackend):
 
     def lookup(self, key: bytes) -> Optional[ObjectInfo]:
         with self._lock:
-            bucket = self._index.get(key)
+            bucket = self._objects.get(key)
             if bucket is None:
                 return None
             entry = bucket.entries[key]
@@ -357,12 +356,12 @@ class BucketBackend(StorageBackend):
         with self._lock:
             self._check_open()
             for key, out in items:
-                bucket = self._index.get(key)
+                bucket = self._objects.get(key)
                 if bucket is not None and out.nbytes < bucket.entries[key].value_len:
                     size = bucket.entries[key].value_len
                     raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
             for i, (key, out) in enumerate(items):
-                bucket = self._index.get(key)
+                bucket = self._objects.get(key)
                 if bucket is None:
                     continue
                 entry = bucket.entries[key]
@@ -411,7 +410,7 @@ class BucketBackend(StorageBackend):
     def remove(self, key: bytes) -> bool:
         with self._lock:
             self._check_open()
-            bucket = self._index.get(key)
+            bucket = self._objects.get(key)
             if bucket is None:
                 return False
             self._forget(bucket, key)
@@ -432,34 +431,12 @@ class BucketBackend(StorageBackend):
             self.counters["corrupt_reads"] += len(corrupt)
         return corrupt
 
-    def keys(self) -> List[bytes]:
-        with self._lock:
-            return list(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._index
-
     @property
     def used_bytes(self) -> int:
         return self._used
 
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "backend": self.name,
-                "objects": len(self._index),
-                "buckets": len(self._buckets),
-                "used_bytes": self._used,
-                "capacity": self.capacity,
-                **self.counters,
-            }
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("backend is closed", path=str(self.dir))
+    def layout_stats(self) -> dict:
+        return {"buckets": len(self._buckets)}
 
     def close(self) -> None:
         with self._lock:

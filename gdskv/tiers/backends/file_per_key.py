@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -74,7 +74,7 @@ class FilePerKeyBackend(StorageBackend):
         self.verify_on_open = verify_on_open
         self._policy = make_policy(eviction)
         self._lock = threading.Lock()
-        self._entries: Dict[bytes, IndexEntry] = {}
+        self._objects: Dict[bytes, IndexEntry] = {}
         self._used = 0
         self._next_seq = 1
         self._closed = False
@@ -111,12 +111,12 @@ class FilePerKeyBackend(StorageBackend):
                     continue
                 found.append((entry.seq, entry))
         for _, entry in sorted(found, key=lambda f: f[0]):
-            self._entries[entry.key] = entry
+            self._objects[entry.key] = entry
             self._policy.insert(entry.key)
             self._used += record_size(len(entry.key), entry.value_len)
             self._next_seq = max(self._next_seq, entry.seq + 1)
-        report.objects = report.containers = len(self._entries)
-        report.bytes = sum(e.value_len for e in self._entries.values())
+        report.objects = report.containers = len(self._objects)
+        report.bytes = sum(e.value_len for e in self._objects.values())
         if report.dropped_torn or report.dropped_corrupt:
             log.warning(
                 "gdskv: recovery dropped %d torn and %d corrupt files in %s",
@@ -202,11 +202,11 @@ class FilePerKeyBackend(StorageBackend):
                 os.close(fd)
         with self._lock:
             for entry, size in zip(entries, sizes):
-                older = self._entries.get(entry.key)
+                older = self._objects.get(entry.key)
                 if older is not None:  # the rename replaced its file
                     self._used -= record_size(len(older.key), older.value_len)
                     self._policy.remove(entry.key)
-                self._entries[entry.key] = entry
+                self._objects[entry.key] = entry
                 self._policy.insert(entry.key)
             self.counters["files_written"] += len(items)
             self.counters["bytes_written"] += sum(sizes)
@@ -229,7 +229,7 @@ class FilePerKeyBackend(StorageBackend):
 
     def _unlink(self, key: bytes) -> Path:
         """Forget ``key`` and delete its file. Lock held. Returns the file's directory."""
-        entry = self._entries.pop(key)
+        entry = self._objects.pop(key)
         self._policy.remove(key)
         self._used -= record_size(len(key), entry.value_len)
         path = self.path_of(key)
@@ -240,7 +240,7 @@ class FilePerKeyBackend(StorageBackend):
 
     def lookup(self, key: bytes) -> Optional[ObjectInfo]:
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._objects.get(key)
             return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
 
     def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
@@ -253,11 +253,11 @@ class FilePerKeyBackend(StorageBackend):
             with self._lock:
                 self._check_open()
                 for key, out in items:
-                    entry = self._entries.get(key)
+                    entry = self._objects.get(key)
                     if entry is not None and out.nbytes < entry.value_len:
                         raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=entry.value_len, got=out.nbytes)
                 for i, (key, out) in enumerate(items):
-                    entry = self._entries.get(key)
+                    entry = self._objects.get(key)
                     if entry is None:
                         continue
                     path = self.path_of(key)
@@ -295,7 +295,7 @@ class FilePerKeyBackend(StorageBackend):
 
     def _forget(self, entry: IndexEntry) -> None:
         """Drop a replica that failed (its file too). Lock held."""
-        if self._entries.get(entry.key) is entry:
+        if self._objects.get(entry.key) is entry:
             _fsync_dir_quietly(self._unlink(entry.key))
 
     # ------------------------------------------------------------------ the rest
@@ -303,7 +303,7 @@ class FilePerKeyBackend(StorageBackend):
     def remove(self, key: bytes) -> bool:
         with self._lock:
             self._check_open()
-            if key not in self._entries:
+            if key not in self._objects:
                 return False
             parent = self._unlink(key)
         try:
@@ -315,7 +315,7 @@ class FilePerKeyBackend(StorageBackend):
     def check(self) -> List[bytes]:
         """Verify every file (header, name, value checksum); drop and return corrupt keys."""
         with self._lock:
-            snapshot = list(self._entries.values())
+            snapshot = list(self._objects.values())
         corrupt = []
         for entry in snapshot:
             path = self.path_of(entry.key)
@@ -336,33 +336,9 @@ class FilePerKeyBackend(StorageBackend):
         self.counters["corrupt_reads"] += len(corrupt)
         return [e.key for e in corrupt]
 
-    def keys(self) -> List[bytes]:
-        with self._lock:
-            return list(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._entries
-
     @property
     def used_bytes(self) -> int:
         return self._used
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "backend": self.name,
-                "objects": len(self._entries),
-                "used_bytes": self._used,
-                "capacity": self.capacity,
-                **self.counters,
-            }
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("backend is closed", path=str(self.dir))
 
     def close(self) -> None:
         with self._lock:

@@ -43,7 +43,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -100,7 +100,7 @@ class OffsetBackend(StorageBackend):
         self._lock = threading.Lock()  # index, allocator, pins: held briefly
         self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
-        self._entries: Dict[bytes, IndexEntry] = {}
+        self._objects: Dict[bytes, IndexEntry] = {}
         self._deferred: List[int] = []  # record offsets to free after the next checkpoint
         self._pins: Dict[int, int] = {}
         self._window: List[Tuple[int, int]] = []  # sorted (start, end)
@@ -149,10 +149,10 @@ class OffsetBackend(StorageBackend):
                 self._alloc.free(start)
                 report.dropped_corrupt += 1
                 continue
-            self._entries[entry.key] = entry
+            self._objects[entry.key] = entry
             self._policy.insert(entry.key)
-        report.objects = len(self._entries)
-        report.bytes = sum(e.value_len for e in self._entries.values())
+        report.objects = len(self._objects)
+        report.bytes = sum(e.value_len for e in self._objects.values())
         report.containers = 1
         with self._wlock:
             self._checkpoint([])
@@ -269,7 +269,7 @@ class OffsetBackend(StorageBackend):
                 window.append((offset, offset + self._alloc.rounded(size)))
             window = merge_extents(window)
             watermark = self._next_seq - 1
-            listed = list(self._entries.values())
+            listed = list(self._objects.values())
         listed.extend(IndexEntry(WINDOW_KEY, start, end - start, 0, 0) for start, end in window)
         try:
             write_file_atomic(self.checkpoint_path, encode_index(watermark, self.capacity, listed))
@@ -310,7 +310,7 @@ class OffsetBackend(StorageBackend):
 
     def _evict(self, key: bytes) -> None:
         """Drop ``key`` to make room (it stays listed until the next checkpoint). ``_lock`` held."""
-        entry = self._entries.pop(key)
+        entry = self._objects.pop(key)
         self._policy.remove(key)
         offset = _record_start(entry)
         if self._pins.get(offset):
@@ -348,11 +348,11 @@ class OffsetBackend(StorageBackend):
                 raise IoError(f"offset write failed: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
             with self._lock:
                 for entry in entries:
-                    older = self._entries.get(entry.key)
+                    older = self._objects.get(entry.key)
                     if older is not None:
                         self._deferred.append(_record_start(older))
                         self._policy.remove(entry.key)
-                    self._entries[entry.key] = entry
+                    self._objects[entry.key] = entry
                     self._policy.insert(entry.key)
                 self.counters["bytes_written"] += sum(sizes)
         return evicted
@@ -372,7 +372,7 @@ class OffsetBackend(StorageBackend):
         with self._wlock:
             self._check_open()
             with self._lock:
-                entry = self._entries.pop(key, None)
+                entry = self._objects.pop(key, None)
                 if entry is None:
                     return False
                 self._policy.remove(key)
@@ -407,7 +407,7 @@ class OffsetBackend(StorageBackend):
 
     def lookup(self, key: bytes) -> Optional[ObjectInfo]:
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._objects.get(key)
             return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
 
     def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
@@ -418,11 +418,11 @@ class OffsetBackend(StorageBackend):
         with self._lock:
             self._check_open()
             for key, out in items:
-                entry = self._entries.get(key)
+                entry = self._objects.get(key)
                 if entry is not None and out.nbytes < entry.value_len:
                     raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=entry.value_len, got=out.nbytes)
             for i, (key, out) in enumerate(items):
-                entry = self._entries.get(key)
+                entry = self._objects.get(key)
                 if entry is None:
                     continue
                 start = _record_start(entry)
@@ -466,8 +466,8 @@ class OffsetBackend(StorageBackend):
 
     def _drop(self, entry: IndexEntry) -> None:
         """Forget a replica that failed verification. ``_lock`` held."""
-        if self._entries.get(entry.key) is entry:
-            del self._entries[entry.key]
+        if self._objects.get(entry.key) is entry:
+            del self._objects[entry.key]
             self._policy.remove(entry.key)
             self._deferred.append(_record_start(entry))
 
@@ -476,7 +476,7 @@ class OffsetBackend(StorageBackend):
     def check(self) -> List[bytes]:
         """Verify every record (header, key, value checksum); drop and return corrupt keys."""
         with self._lock:
-            snapshot = list(self._entries.values())
+            snapshot = list(self._objects.values())
         corrupt = [e for e in snapshot if not self._verify_record(e)]
         with self._lock:
             for entry in corrupt:
@@ -484,35 +484,15 @@ class OffsetBackend(StorageBackend):
         self.counters["corrupt_reads"] += len(corrupt)
         return [e.key for e in corrupt]
 
-    def keys(self) -> List[bytes]:
-        with self._lock:
-            return list(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._entries
-
     @property
     def used_bytes(self) -> int:
         return self._alloc.used
 
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "backend": self.name,
-                "objects": len(self._entries),
-                "used_bytes": self._alloc.used,
-                "capacity": self.capacity,
-                "window_bytes": sum(end - start for start, end in self._window),
-                "free_extents": self._alloc.free_extents,
-                **self.counters,
-            }
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("backend is closed", path=str(self.dir))
+    def layout_stats(self) -> dict:
+        return {
+            "window_bytes": sum(end - start for start, end in self._window),
+            "free_extents": self._alloc.free_extents,
+        }
 
     def close(self) -> None:
         """Checkpoint (so the next open scans little), then close the file. Idempotent."""

@@ -134,7 +134,7 @@ def test_object_level_eviction_order(tmp_path, engine, policy):
 def test_a_torn_record_in_the_window_is_dropped(tmp_path, engine):
     backend = open_backend(tmp_path, engine)
     backend.write(items({b"whole": block(1, 9000), b"torn": block(2, 9000)}))
-    entry = backend._entries[b"torn"]  # noqa: SLF001
+    entry = backend._objects[b"torn"]  # noqa: SLF001
     crash(backend)
     with open(tmp_path / "offset" / "data", "r+b") as f:  # the value never reached the disk
         f.seek(entry.value_offset)
@@ -150,7 +150,7 @@ def test_a_corrupt_value_is_a_miss_and_is_dropped(tmp_path, engine):
     backend.close()
     backend = open_backend(tmp_path, engine)
     with open(tmp_path / "offset" / "data", "r+b") as f:
-        f.seek(backend._entries[b"k"].value_offset + 100)  # noqa: SLF001
+        f.seek(backend._objects[b"k"].value_offset + 100)  # noqa: SLF001
         f.write(b"\xff\xfe")
     assert read(backend, b"k", 50_000) is None
     assert backend.counters["corrupt_reads"] == 1 and b"k" not in backend
