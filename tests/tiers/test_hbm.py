@@ -199,3 +199,28 @@ def test_torch_cpu_tensors_are_accepted_by_the_standin():
     assert tier.get_into(b"t", out) == 4096
     assert torch.equal(out, value)
     tier.close()
+
+
+@pytest.mark.gpu
+def test_cuda_pool_put_hit_and_eviction_to_dram():
+    torch = pytest.importorskip("torch")
+    from gdskv.tiers.devpool import TorchCudaPool
+
+    dram = DramTier(8 << 20, make_policy("lru"))
+    lock = threading.Lock()
+    pool = TorchCudaPool(4 << 20)
+    pool.pin(memoryview(dram.arena))
+    tier = HbmTier(pool, DramSink(dram, lock))
+    values = [torch.randint(0, 255, (2 << 20,), dtype=torch.uint8, device="cuda") for _ in range(3)]
+    tier.put(b"a", values[0])
+    tier.put(b"b", values[1])
+    out = torch.empty(2 << 20, dtype=torch.uint8, device="cuda")
+    assert tier.get_into(b"a", out) == 2 << 20 and torch.equal(out, values[0])
+    tier.put(b"c", values[2])  # evicts b (a was read last)
+    tier.drain()
+    entry = dram.readable(b"b")
+    assert entry is not None
+    assert bytes(dram.view(entry)) == bytes(values[1].cpu().numpy())
+    assert tier.get_into(b"c", out) == 2 << 20 and torch.equal(out, values[2])
+    tier.close()
+    dram.close()
