@@ -257,10 +257,12 @@ def stage_nvme(args):
     make_file(path, nbytes)
     print(f"file {path} ({args.gib} GiB) on {fs_type(args.dir)}", flush=True)
     base, base_note = fio_read(path, nbytes)
+    plain = odirect_read(path, nbytes)
+    row("NVMe->host plain O_DIRECT read", plain, base, f"psync 16 x 4 MiB; vs {base_note}")
     if base is None:
-        base, base_note = odirect_read(path, nbytes), f"{base_note}; plain O_DIRECT read"
+        base, base_note = plain, f"{base_note}; plain O_DIRECT read"
     else:
-        print(f"plain O_DIRECT read: {odirect_read(path, nbytes):.2f} GB/s", flush=True)
+        print(f"ROW|NVMe->host fio read (baseline)|{base:.2f}|-|-|{base_note}, {args.gib} GiB on {fs_type(args.dir)}", flush=True)
     print(f"baseline: {base:.2f} GB/s ({base_note})", flush=True)
     try:
         gbs, mode, why = kvikio_read(path, nbytes)

@@ -26,11 +26,14 @@ ROWS="$LOGDIR/rows.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
+STAGES=" ${GDSKV_GPU_STAGES:-setup probe tests copy nvme} "
+
 stage() {  # stage NAME TIMEOUT_S COMMAND...
     local name=$1 limit=$2; shift 2
+    case "$STAGES" in *" $name "*) ;; *) return 0 ;; esac
     local log="$LOGDIR/$name.log" t0=$SECONDS rc
     echo "== $name (limit ${limit}s)"
-    timeout -k 5 "$limit" "$@" > "$log" 2>&1
+    timeout -k 5 "$limit" bash -c "$*" > "$log" 2>&1
     rc=$?
     cat "$log"
     grep '^ROW|' "$log" >> "$ROWS" || true
@@ -47,7 +50,7 @@ setup() {
     else
         echo "no wheels/gpu directory: kvikio stages will report it missing"
     fi
-    for mod in numpy crc32c xxhash grpc google.protobuf; do
+    for mod in numpy crc32c xxhash grpc google.protobuf liburing; do
         if ! $PY -c "import $mod" 2> /dev/null; then
             pkg=${mod/google.protobuf/protobuf}; pkg=${pkg/grpc/grpcio}
             echo "installing $pkg from wheels/deps"
@@ -81,11 +84,13 @@ tests() {
     $PY -m pytest -q -m gpu -p no:cacheprovider tests -rs
 }
 
+export -f setup probe tests
+export PY LOGDIR
 nvidia-smi > "$LOGDIR/nvidia-smi.txt" 2>&1 || true
 stage setup 60 setup
 stage probe 30 probe
 stage tests 90 tests
-tail -1 "$LOGDIR/tests.log" | sed 's/^/ROW|gpu tests|/; s/$/|-|-|pytest -m gpu/' >> "$ROWS"
+[ -f "$LOGDIR/tests.log" ] && tail -1 "$LOGDIR/tests.log" | tr '|' '/' | sed 's/^/ROW|gpu tests|/; s/$/|-|-|pytest -m gpu/' >> "$ROWS"
 stage copy 45 $PY benchmarks/bench_gpu.py copy
 stage nvme 120 $PY benchmarks/bench_gpu.py nvme
 
@@ -94,5 +99,5 @@ stage nvme 120 $PY benchmarks/bench_gpu.py nvme
     echo "gdskv GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)"
     echo "| what | measured (GB/s) | baseline (GB/s) | ratio | note |"
     echo "| --- | --- | --- | --- | --- |"
-    sed 's/^ROW|/| /; s/|/ | /g; s/$/ |/' "$ROWS" | sed 's/  */ /g'
+    sed 's/^ROW|//; s/|/ | /g; s/^/| /; s/$/ |/' "$ROWS"
 } | tee "$LOGDIR/table.md"
