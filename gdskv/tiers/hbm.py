@@ -152,9 +152,12 @@ class HbmTier:
             raise
         with self._lock:
             entry.readers -= 1
-            if entry.detached:  # removed or overwritten while it was being written
+            if entry.detached:  # the tier closed while it was being written
                 self._release(entry)
                 return
+            old = self.entries.get(key)
+            if old is not None:  # a concurrent put of the key finished first: last one wins
+                self._detach(old)
             self.entries[key] = entry
             self.policy.insert(key)
             self.counters["puts"] += 1

@@ -224,3 +224,33 @@ def test_cuda_pool_put_hit_and_eviction_to_dram():
     assert tier.get_into(b"c", out) == 2 << 20 and torch.equal(out, values[2])
     tier.close()
     dram.close()
+
+
+class SlowWritePool(HostStandInPool):
+    """Holds the first write until ``release`` is set, to interleave two puts of one key."""
+
+    def __init__(self, nbytes):
+        super().__init__(nbytes)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self._first = True
+
+    def write(self, offset, src):
+        if self._first:
+            self._first = False
+            self.entered.set()
+            self.release.wait(10)
+        super().write(offset, src)
+
+
+def test_concurrent_puts_of_one_key_leave_one_entry():
+    pool = SlowWritePool(64 * KB)
+    tier = HbmTier(pool, DictSink())
+    slow = threading.Thread(target=tier.put, args=(b"k", arr(1, 8 * KB)))
+    slow.start()
+    assert pool.entered.wait(10)
+    tier.put(b"k", arr(2, 8 * KB))  # finishes while the first put is still copying
+    pool.release.set()
+    slow.join(10)
+    assert read(tier, b"k", 8 * KB) == block(1, 8 * KB)  # the last put to finish wins
+    assert tier.used == 8 * KB and tier.stats()["objects"] == 1
+    tier.close()
