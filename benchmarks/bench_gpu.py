@@ -50,8 +50,6 @@ def best_of(fn, repeat=5):
 
 
 def stage_copy(args):
-    import threading
-
     import torch
 
     from gdskv.tiers.devpool import TorchCudaPool
@@ -82,7 +80,7 @@ def stage_copy(args):
         ours(); plain()
         row(name, size / best_of(ours) / GB, size / best_of(plain) / GB, "vs plain torch copy_")
     pool.close()
-    del dev
+    dev = None  # free the 1 GiB before the next part
 
     class Sink(HostSink):
         def reserve(self, key, n):
@@ -97,7 +95,6 @@ def stage_copy(args):
     for i, v in enumerate(values):
         tier.put(b"k%d" % i, v)
     out = torch.empty(block, dtype=torch.uint8, device="cuda")
-    src = values[0]
 
     def hits():
         for i in range(64):
@@ -113,7 +110,6 @@ def stage_copy(args):
     row("HBM hit 2 MiB (get_into)", 64 * block / best_of(hits) / GB, 64 * block / best_of(d2d) / GB,
         "vs device-to-device copy_; target >= 0.8x")
     tier.close()
-    del src, threading
 
 
 # --------------------------------------------------------------------------- nvme

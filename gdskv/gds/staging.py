@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from gdskv.errors import ConfigError, IoError
-from gdskv.gds.aligned import DIRECT_ALIGN, AlignedBuffer, alloc_aligned, align_up
+from gdskv.gds.aligned import DIRECT_ALIGN, AlignedBuffer, alloc_aligned
 from gdskv.gds.engine import IoEngine, IoFuture, IoRequest
 
 #: Default size of one staging slot.

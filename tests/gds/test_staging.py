@@ -9,7 +9,13 @@ import pytest
 
 from gdskv.errors import ConfigError, IoError
 from gdskv.gds.psync import PsyncEngine
-from gdskv.gds.staging import CopyDone, DeviceCopier, StagedRead, StagingReader, TorchCopier
+from gdskv.gds.staging import (
+    CopyDone,
+    DeviceCopier,
+    StagedRead,
+    StagingReader,
+    TorchCopier,
+)
 from tests.conftest import block
 
 SLOT = 16 << 10

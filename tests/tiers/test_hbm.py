@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from gdskv.errors import GdskvError, InvalidValueError, NoSpaceError, StoreClosedError
+from gdskv.tiers.backends.record import checksum
 from gdskv.tiers.devpool import HostStandInPool
 from gdskv.tiers.dram import DramTier
 from gdskv.tiers.hbm import DramSink, HbmState, HbmTier, HostSink
-from gdskv.tiers.backends.record import checksum
 from gdskv.tiers.policies import make_policy
 from tests.conftest import block
 
