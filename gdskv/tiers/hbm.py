@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import GdskvError, InvalidValueError, NoSpaceError, StoreClosedError
 from gdskv.tiers.allocator import OffsetAllocator
@@ -51,11 +51,19 @@ class HostSink:
 class DramSink(HostSink):
     """Evicts into a :class:`gdskv.tiers.dram.DramTier`, under ``lock`` (the lock that
     guards that tier). A published copy replaces any older DRAM entry of the key and
-    carries its CRC, computed from the copied bytes."""
+    carries its CRC, computed from the copied bytes. ``on_published(entry)`` runs under
+    ``lock`` after each publication (an owning store queues the entry for offload there)."""
 
-    def __init__(self, dram: Any, lock: "threading.Lock | threading.RLock") -> None:
+    def __init__(
+        self,
+        dram: Any,
+        lock: "threading.Lock | threading.RLock",
+        *,
+        on_published: Optional[Callable[[Any], None]] = None,
+    ) -> None:
         self.dram = dram
         self.lock = lock
+        self.on_published = on_published
         self._pending: Dict[Tuple[bytes, int], Any] = {}
 
     def reserve(self, key: bytes, size: int) -> Optional[memoryview]:
@@ -87,6 +95,8 @@ class DramSink(HostSink):
             self.dram.entries[key] = entry
             self.dram.written(entry)
             self.dram.commit(entry)
+            if self.on_published is not None:
+                self.on_published(entry)
 
 
 class HbmState(enum.Enum):
@@ -187,6 +197,12 @@ class HbmTier:
         with self._lock:
             self.counters["hits"] += 1
         return entry.size
+
+    def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Any]) -> List[Optional[int]]:
+        """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here."""
+        if len(keys) != len(outs):
+            raise InvalidValueError("keys and outputs differ in length", keys=len(keys), outs=len(outs))
+        return [self.get_into(key, out) for key, out in zip(keys, outs)]
 
     def contains(self, key: bytes) -> bool:
         with self._lock:

@@ -177,10 +177,17 @@ def test_bad_values_are_clear_errors():
 def test_eviction_into_the_dram_tier():
     dram = DramTier(64 * KB, make_policy("lru"))
     lock = threading.Lock()
-    tier = HbmTier(HostStandInPool(16 * KB), DramSink(dram, lock))
+    published = []
+    tier = HbmTier(HostStandInPool(16 * KB), DramSink(dram, lock, on_published=lambda e: published.append(e.key)))
     tier.put(b"a", arr(1, 16 * KB))
     tier.put(b"b", arr(2, 16 * KB))  # pushes a into DRAM
     tier.drain()
+    assert published == [b"a"]
+    outs = [np.zeros(16 * KB, dtype=np.uint8), np.zeros(16 * KB, dtype=np.uint8)]
+    assert tier.batch_get_into([b"a", b"b"], outs) == [None, 16 * KB]
+    assert outs[1].tobytes() == block(2, 16 * KB)
+    with pytest.raises(InvalidValueError):
+        tier.batch_get_into([b"a"], [])
     entry = dram.readable(b"a")
     assert entry is not None and bytes(dram.view(entry)) == block(1, 16 * KB)
     assert entry.crc == checksum(b"a", memoryview(block(1, 16 * KB)))
@@ -253,4 +260,19 @@ def test_concurrent_puts_of_one_key_leave_one_entry():
     slow.join(10)
     assert read(tier, b"k", 8 * KB) == block(1, 8 * KB)  # the last put to finish wins
     assert tier.used == 8 * KB and tier.stats()["objects"] == 1
+    tier.close()
+
+
+@pytest.mark.gpu
+def test_cuda_pool_takes_cupy_arrays():
+    cupy = pytest.importorskip("cupy")
+    from gdskv.tiers.devpool import TorchCudaPool
+
+    tier = HbmTier(TorchCudaPool(1 << 20), DictSink())
+    value = cupy.arange(4096, dtype=cupy.float32)
+    tier.put(b"c", value)
+    out = cupy.zeros(4096, dtype=cupy.float32)
+    assert tier.get_into(b"c", out) == 16384
+    cupy.cuda.runtime.deviceSynchronize()
+    assert bool((out == value).all())
     tier.close()
