@@ -43,10 +43,14 @@ stage() {  # stage NAME TIMEOUT_S COMMAND...
     echo "ROW|stage $name|$status|-|-|$((SECONDS - t0))s, log $log" >> "$ROWS"
 }
 
+pipi() {  # pip install, retried past a distribution's "externally managed" refusal
+    $PY -m pip install "$@" || $PY -m pip install --break-system-packages "$@"
+}
+
 setup() {
     $PY -m pip --version || return 1
     if ls wheels/gpu/*.whl > /dev/null 2>&1; then
-        $PY -m pip install --no-deps wheels/gpu/*.whl || echo "kvikio wheels did not install"
+        pipi --no-deps wheels/gpu/*.whl || echo "kvikio wheels did not install"
     else
         echo "no wheels/gpu directory: kvikio stages will report it missing"
     fi
@@ -54,10 +58,10 @@ setup() {
         if ! $PY -c "import $mod" 2> /dev/null; then
             pkg=${mod/google.protobuf/protobuf}; pkg=${pkg/grpc/grpcio}
             echo "installing $pkg from wheels/deps"
-            $PY -m pip install --no-deps --find-links wheels/deps "$pkg" || echo "could not install $pkg"
+            pipi --no-deps --find-links wheels/deps "$pkg" || echo "could not install $pkg"
         fi
     done
-    $PY -c "import pytest" 2> /dev/null || $PY -m pip install --no-deps --find-links wheels/deps pytest iniconfig pluggy packaging
+    $PY -c "import pytest" 2> /dev/null || pipi --no-deps --find-links wheels/deps pytest iniconfig pluggy packaging
     $PY -c "import gdskv; print('gdskv from', gdskv.__file__)"
 }
 
@@ -84,10 +88,13 @@ tests() {
     $PY -m pytest -q -m gpu -p no:cacheprovider tests -rs
 }
 
-export -f setup probe tests
+export -f pipi setup probe tests
 export PY LOGDIR
 nvidia-smi > "$LOGDIR/nvidia-smi.txt" 2>&1 || true
 stage setup 60 setup
+# libcufile from the nvidia-cufile wheel, where the system has none of its own.
+CUFILE_DIR=$($PY -c "import nvidia, os; d = os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'); print(d if os.path.isdir(d) else '')" 2> /dev/null)
+[ -n "$CUFILE_DIR" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUFILE_DIR"
 stage probe 30 probe
 stage tests 90 tests
 [ -f "$LOGDIR/tests.log" ] && tail -1 "$LOGDIR/tests.log" | tr '|' '/' | sed 's/^/ROW|gpu tests|/; s/$/|-|-|pytest -m gpu/' >> "$ROWS"
