@@ -46,11 +46,16 @@ def load_kvikio() -> Any:
 
 def gds_mode(kvikio: Any) -> Tuple[str, str]:
     """``("gds" | "compat", why)`` for this process's kvikio settings and platform."""
+    defaults = getattr(kvikio, "defaults", None)
+    if defaults is None:  # a submodule that ``import kvikio`` does not load
+        import importlib
+
+        defaults = importlib.import_module("kvikio.defaults")
     try:
-        preferred = bool(kvikio.defaults.is_compat_mode_preferred())
-        setting = str(kvikio.defaults.get("compat_mode"))
+        preferred = bool(defaults.is_compat_mode_preferred())
+        setting = str(defaults.get("compat_mode"))
     except AttributeError:  # kvikio before 24.12: compat_mode() is a bool
-        preferred = bool(kvikio.defaults.compat_mode())
+        preferred = bool(defaults.compat_mode())
         setting = str(preferred)
     available: Optional[bool] = None
     try:
