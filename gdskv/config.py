@@ -34,7 +34,7 @@ EVICTION_POLICIES = ("lru", "fifo")
 OFFLOAD_POLICIES = ("eager", "watermark")
 #: Registered names; they must match gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
 BACKENDS = ("bucket", "file_per_key", "offset")
-IO_ENGINES = ("auto", "psync", "uring")
+IO_ENGINES = ("auto", "kvikio", "psync", "uring")
 
 
 def parse_size(value: Size, *, field: str = "size") -> int:

@@ -29,7 +29,7 @@ def test_every_registered_name_is_accepted_by_the_config():
 def test_unknown_names_list_the_valid_ones(tmp_path):
     with pytest.raises(gdskv.ConfigError) as info:
         make_engine("spdk")
-    assert info.value.context["valid"] == "auto, psync, uring"
+    assert info.value.context["valid"] == "auto, kvikio, psync, uring"
     with pytest.raises(gdskv.ConfigError) as info:
         make_backend("tape", tmp_path, None, capacity=1)
     assert info.value.context["valid"] == "bucket, file_per_key, offset"

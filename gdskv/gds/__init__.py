@@ -28,6 +28,12 @@ def _uring(*, threads: int, depth: int, direct: bool, directory: Optional[str]) 
     return UringEngine(depth=depth, direct=direct)
 
 
+def _kvikio(*, threads: int, depth: int, direct: bool, directory: Optional[str]) -> IoEngine:
+    from gdskv.gds.kvikio_engine import KvikioEngine  # needs a CUDA device and kvikio
+
+    return KvikioEngine(direct=direct)
+
+
 def _auto(*, threads: int, depth: int, direct: bool, directory: Optional[str]) -> IoEngine:
     from gdskv.gds.probe import choose
 
@@ -40,6 +46,7 @@ def _auto(*, threads: int, depth: int, direct: bool, directory: Optional[str]) -
 
 ENGINES: Dict[str, Callable[..., IoEngine]] = {
     "auto": _auto,
+    "kvikio": _kvikio,
     "psync": _psync,
     "uring": _uring,
 }
