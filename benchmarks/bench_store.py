@@ -320,7 +320,7 @@ class NvmePass:
         self.args = args
         self.keys = [blocks.key(i) for i in range(blocks.count)]
         n, size = blocks.count, blocks.size
-        self.options = dict(ssd=2 * n * (size + 8192) + (64 << 20), io_threads=args.io_threads,
+        self.options = dict(ssd=2 * n * (size + 8192) + (64 << 20), io_threads=args.io_threads, io_engine=args.io_engine,
                             put_timeout_s=600.0, promote_after_reads=0)
         self.write_stats: dict = {}
 
@@ -446,7 +446,7 @@ def chunked(n: int, size: int, nbytes: int = 0) -> List[range]:
 def print_banner(args: argparse.Namespace, root: Path, dropper: CacheDropper, n: int) -> None:
     from gdskv.gds import make_engine
 
-    with make_engine("psync", threads=args.io_threads) as engine:
+    with make_engine(args.io_engine, threads=args.io_threads, direct=True, directory=root) as engine:
         engine_desc = ", ".join(f"{k}={v}" for k, v in engine.describe().items())
     lines = [
         ("gdskv", f"{gdskv.__version__}  bench_store: per-tier throughput vs this machine's limits"),
@@ -538,6 +538,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the block contents (default 0)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per measurement (default 3)")
     p.add_argument("--batch", type=int, default=16, help="keys per batch_get_into (default 16)")
+    p.add_argument("--io-engine", default="auto", help="I/O engine of the store: auto, uring, psync (default auto)")
     p.add_argument("--io-threads", type=int, default=4, help="psync engine threads (default 4)")
     p.add_argument("--cache-drop", choices=("auto", "drop_caches", "fadvise"), default="auto",
                    help="how cold reads bypass the page cache (default auto: drop_caches if permitted)")
