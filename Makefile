@@ -12,12 +12,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build of torch first, so that nothing below can pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c <(echo torch==2.13.0) -e '.[dev,bench,engine]'
+	$(BIN)/pip install --quiet -c <(echo torch==2.13.0) -e '.[dev,bench,engine,uring]'
 	touch $(STAMP)
 
-## The main job: the embedded store on a few GB of KV-sized blocks.
+## The main job: a few GB of KV blocks through the embedded store, verified byte by byte;
+## then TTFT per conversation round on the reference engine (table + plot paths last).
 demo: $(STAMP)
 	$(BIN)/gdskv demo
+	$(BIN)/gdskv bench-ttft
 
 ## The whole test suite (CPU only; GPU tests skip with a reason).
 test: $(STAMP)

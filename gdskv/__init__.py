@@ -19,6 +19,7 @@ A cluster (a ``gdskv-master`` and ``gdskv-node`` daemons)::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -65,13 +66,16 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: gdskv.open(path)
         fields["dram_bytes"] = parse_size(dram, field="dram")
     if ssd is not None:
         fields["ssd_bytes"] = parse_size(ssd, field="ssd")
+    valid = sorted(f.name for f in dataclasses.fields(StoreConfig))
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(
+            f"unknown store option; valid options: dram, ssd, config, {', '.join(valid)}",
+            got=", ".join(unknown),
+        )
     fields.update(options)
     base = config if config is not None else StoreConfig()
-    try:
-        cfg = base.replace(**fields)
-    except TypeError as exc:  # an unknown keyword
-        raise ConfigError("unknown store option", cause=str(exc)) from None
-    return Store(path, cfg)
+    return Store(path, base.replace(**fields))
 
 
 def connect(master: str, *, local: Optional[Store] = None, **options: Any) -> "Client":

@@ -32,8 +32,9 @@ Size = Union[int, str]
 
 EVICTION_POLICIES = ("lru", "fifo")
 OFFLOAD_POLICIES = ("eager", "watermark")
-BACKENDS = ("bucket",)
-IO_ENGINES = ("psync",)
+#: Registered names; they must match gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
+BACKENDS = ("bucket", "file_per_key", "offset")
+IO_ENGINES = ("auto", "kvikio", "psync", "uring")
 
 
 def parse_size(value: Size, *, field: str = "size") -> int:
@@ -91,12 +92,19 @@ class StoreConfig:
     high_watermark: float = 0.9
     #: DRAM usage fraction that watermark offload evicts down to. Default 0.7.
     low_watermark: float = 0.7
-    #: Storage layout on NVMe. Default "bucket".
+    #: Storage layout on NVMe: "bucket" (sealed bucket files), "offset" (one preallocated
+    #: file) or "file_per_key" (one file per object, for debugging). Default "bucket".
     backend: str = "bucket"
-    #: I/O engine that moves bytes to and from NVMe. Default "psync".
-    io_engine: str = "psync"
+    #: I/O engine that moves bytes to and from NVMe: "auto" (io_uring when this machine
+    #: allows it, else psync; stats() says which and why), "uring" or "psync". Default "auto".
+    io_engine: str = "auto"
     #: Worker threads of the psync engine. Default 4.
     io_threads: int = 4
+    #: Requests in flight per io_uring (one ring per thread). Default 64.
+    io_depth: int = 64
+    #: Open NVMe files with O_DIRECT where the filesystem allows it (buffered otherwise).
+    #: Default True.
+    direct_io: bool = True
     #: A bucket is sealed once it holds this many bytes... Default 64 MiB.
     bucket_bytes: int = 64 * MiB
     #: ...or this many objects... Default 1024.
@@ -138,6 +146,9 @@ class StoreConfig:
                 high_watermark=self.high_watermark,
             )
         _positive("io_threads", self.io_threads)
+        _positive("io_depth", self.io_depth)
+        if not isinstance(self.direct_io, bool):
+            raise ConfigError("must be True or False", field="direct_io", got=self.direct_io)
         _positive("bucket_bytes", self.bucket_bytes)
         _positive("bucket_max_keys", self.bucket_max_keys)
         if self.bucket_max_age_s <= 0:
@@ -173,7 +184,11 @@ ENV_FIELDS = {
     "GDSKV_BACKEND": "backend",
     "GDSKV_IO_ENGINE": "io_engine",
     "GDSKV_IO_THREADS": "io_threads",
+    "GDSKV_IO_DEPTH": "io_depth",
+    "GDSKV_DIRECT_IO": "direct_io",
 }
+
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def env_overrides(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
@@ -186,11 +201,15 @@ def env_overrides(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]
             continue
         if field.endswith("_bytes"):
             out[field] = parse_size(raw, field=var)
-        elif field == "io_threads":
+        elif field in ("io_threads", "io_depth"):
             try:
                 out[field] = int(raw)
             except ValueError:
                 raise ConfigError("must be an integer", field=var, got=raw) from None
+        elif field == "direct_io":
+            if raw.strip().lower() not in _BOOLS:
+                raise ConfigError("must be a boolean (1/0, true/false, yes/no, on/off)", field=var, got=raw)
+            out[field] = _BOOLS[raw.strip().lower()]
         else:
             out[field] = raw
     return out

@@ -47,8 +47,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import fcntl
-import json
 import logging
 import os
 import threading
@@ -58,29 +56,23 @@ from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
-    ConfigError,
-    FormatVersionError,
     GdskvError,
     InvalidValueError,
-    IoError,
     KeyExistsError,
     NoSpaceError,
     StoreClosedError,
-    StoreLockedError,
 )
-from gdskv.gds import make_engine
+from gdskv.gds import IoEngine, make_engine
 from gdskv.metrics import Counters, rate
+from gdskv.offload import OffloadMixin, is_no_space
+from gdskv.storedir import open_store_directory
 from gdskv.tiers.backends import make_backend
-from gdskv.tiers.backends.files import write_file_atomic
-from gdskv.tiers.backends.record import FORMAT_VERSION, checksum, record_size
+from gdskv.tiers.backends.record import checksum, record_size
 from gdskv.tiers.dram import DramEntry, DramTier, SsdState
 from gdskv.tiers.policies import make_policy
 from gdskv.types import Key, Tier, byte_view, encode_key
 
 log = logging.getLogger(__name__)
-
-META_FILE = "gdskv.json"
-LOCK_FILE = "LOCK"
 
 
 class StoreListener:
@@ -107,13 +99,15 @@ class CheckReport:
         return not self.corrupt_keys
 
 
-class Store:
+class Store(OffloadMixin):
     """A DRAM + NVMe tiered key-value store for KV-cache blocks. Open with :func:`gdskv.open`."""
 
-    def __init__(self, path: "str | os.PathLike[str]", config: StoreConfig) -> None:
+    def __init__(self, path: "str | os.PathLike[str]", config: StoreConfig, *, engine: Optional[IoEngine] = None) -> None:
+        """Open the store in ``path``. ``engine`` replaces the one ``config.io_engine`` names
+        (the store owns it from then on and closes it); used to test fault handling."""
         self.path = Path(path)
         self.config = config
-        self._lock_fd = _open_directory(self.path, config)
+        self._lock_fd = open_store_directory(self.path, config)
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._counters = Counters()
@@ -129,14 +123,21 @@ class Store:
         self._offload_paused_until = 0.0
         self._nvme_reads: dict[bytes, int] = {}
         self._listeners: List[StoreListener] = []
-        self._engine = None
+        self._engine: Optional[IoEngine] = None
         self._backend = None
         self._offloader: Optional[threading.Thread] = None
         try:
             self._dram = DramTier(config.dram_bytes, make_policy(config.eviction))
             self.recovery = None
             if config.has_ssd:
-                self._engine = make_engine(config.io_engine, threads=config.io_threads)
+                self._engine = engine if engine is not None else make_engine(
+                    config.io_engine,
+                    threads=config.io_threads,
+                    depth=config.io_depth,
+                    direct=config.direct_io,
+                    directory=self.path,
+                )
+                engine = None
                 self._backend = make_backend(
                     config.backend,
                     self.path,
@@ -149,7 +150,11 @@ class Store:
                 self._backend.evict_listener = lambda keys: self._notify_evicting(Tier.NVME, keys)
                 self._offloader = threading.Thread(target=self._offload_loop, name="gdskv-offload", daemon=True)
                 self._offloader.start()
+            elif engine is not None:  # no NVMe tier: nothing to move bytes for
+                engine.close()
         except BaseException:
+            if engine is not None:
+                engine.close()
             self._release_resources()
             raise
 
@@ -173,9 +178,11 @@ class Store:
             elapsed = time.perf_counter() - t0
         except BaseException:
             with self._lock:
+                self._dram.written(entry)
                 self._dram.detach(entry)
             raise
         with self._lock:
+            self._dram.written(entry)
             self._counters.add("puts")
             self._counters.add("put_bytes", entry.size)
             self._counters.add("put_seconds", elapsed)
@@ -198,11 +205,20 @@ class Store:
             self.put(key, value, overwrite=overwrite)
 
     def remove(self, key: Key) -> bool:
-        """Forget ``key`` in every tier, durably. Returns whether it was stored."""
+        """Forget ``key`` in every tier, durably. Returns whether it was stored.
+
+        If the key's bucket is being written right now, waits for that write to finish: the
+        offloader then takes the copy it landed on SSD back out (the DRAM entry is detached)
+        before this returns.
+        """
         k = encode_key(key)
         with self._lock:
             self._check_open()
-            return self._remove_locked(k)
+            entry = self._dram.lookup(k)
+            found = self._remove_locked(k)
+            while entry is not None and any(e is entry for e in self._inflight):
+                self._cond.wait()
+            return found
 
     def _remove_locked(self, k: bytes) -> bool:
         found = False
@@ -412,11 +428,14 @@ class Store:
     def _promote(self, k: bytes, data: memoryview) -> bool:
         """Copy ``data`` (the NVMe value of ``k``) into DRAM if it fits under the high watermark."""
         assert self._backend is not None
+        # The key may have been overwritten since these bytes were read: promote them only
+        # if they are still the stored value.
+        crc = checksum(k, data)
         with self._lock:
             info = self._backend.lookup(k)
             if (
                 info is None
-                or info.size != data.nbytes
+                or (info.size, info.crc) != (data.nbytes, crc)
                 or self._dram.lookup(k) is not None
                 or self._dram.used + data.nbytes > self.config.high_watermark * self._dram.capacity
             ):
@@ -427,6 +446,7 @@ class Store:
             self._nvme_reads.pop(k, None)
         self._dram.write(entry, data)
         with self._lock:
+            self._dram.written(entry)
             if entry.detached:
                 self._dram.release(entry)
                 return False
@@ -505,6 +525,7 @@ class Store:
                     "in_flight": len(self._inflight),
                     "failures": self._offload_failures,
                     "paused": time.monotonic() < self._offload_paused_until,
+                    "disk_full": is_no_space(self._offload_error),
                     "last_error": str(self._offload_error) if self._offload_error else None,
                 }
                 out["io_engine"] = self._engine.describe()
@@ -533,176 +554,25 @@ class Store:
         nvme_objects = 0
         if self._backend is not None:
             nvme_objects = len(self._backend)
-            corrupt.extend(self._backend.check())
+            dropped = self._backend.check()
+            corrupt.extend(dropped)
+            with self._lock:
+                for k in dropped:
+                    self._ssd_copy_dropped(k)
         with self._lock:
             self._counters.add("corrupt", len(corrupt))
         return CheckReport(dram_objects=len(entries), nvme_objects=nvme_objects, corrupt_keys=corrupt)
 
-    # ================================================================== offload
-
-    def flush(self, timeout: Optional[float] = None) -> None:
-        """Wait until every queued offload is COMPLETE on SSD.
-
-        Raises the offloader's error if a batch fails meanwhile (the objects stay in DRAM and
-        are retried), and :class:`NoSpaceError` if ``timeout`` seconds pass first.
-        """
-        if self._backend is None:
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            self._check_open()
-            failures = self._offload_failures
-            self._flush_waiters += 1
-            self._cond.notify_all()
-            try:
-                while self._pending or self._inflight:
-                    if self._offload_failures > failures and self._offload_error is not None:
-                        raise self._offload_error
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise NoSpaceError("flush timed out", queued=len(self._pending), in_flight=len(self._inflight))
-                    self._cond.wait(remaining)
-                    self._check_open()
-            finally:
-                self._flush_waiters -= 1
-
-    def _enqueue(self, entry: DramEntry) -> None:
-        entry.ssd = SsdState.PENDING
-        entry.queued_at = time.monotonic()
-        self._pending.append(entry)
-        self._pending_bytes += entry.size
-        if (
-            len(self._pending) == 1
-            or self._pending_bytes >= self.config.bucket_bytes
-            or len(self._pending) >= self.config.bucket_max_keys
-        ):
-            self._cond.notify_all()
-
-    def _offload_loop(self) -> None:
-        while True:
-            with self._lock:
-                batch = self._next_batch()
-                if batch is None:
-                    return
-                self._inflight = batch
-                items = [(e.key, self._dram.view(e), e.crc) for e in batch]
-            t0 = time.perf_counter()
-            error: Optional[GdskvError] = None
-            evicted: List[bytes] = []
-            try:
-                evicted = self._backend.write(items)  # type: ignore[union-attr]
-            except GdskvError as exc:
-                error = exc
-            except OSError as exc:
-                error = IoError(f"offload failed: {exc}", errno=exc.errno)
-            elapsed = time.perf_counter() - t0
-            del items
-            with self._lock:
-                self._inflight = []
-                if error is None:
-                    self._finish_batch(batch, evicted, elapsed)
-                else:
-                    self._fail_batch(batch, error)
-                self._cond.notify_all()
-
-    def _next_batch(self) -> Optional[List[DramEntry]]:
-        """Wait (lock held) until a bucket should be written; take its entries. None: stop."""
-        cfg = self.config
-        while True:
-            if self._closed:
-                return None
-            if cfg.offload == "watermark":
-                self._select_for_offload()
-            now = time.monotonic()
-            timeout: Optional[float] = None
-            if self._pending:
-                age = now - self._pending[0].queued_at
-                due = (
-                    self._pending_bytes >= cfg.bucket_bytes
-                    or len(self._pending) >= cfg.bucket_max_keys
-                    or age >= cfg.bucket_max_age_s
-                    or self._flush_waiters
-                    or self._space_waiters
-                    or self._closing
-                )
-                if due and now >= self._offload_paused_until:
-                    return self._take_batch()
-                timeout = max(cfg.bucket_max_age_s - age, self._offload_paused_until - now, 0.001)
-            elif self._closing:
-                return None
-            self._cond.wait(timeout)
-
-    def _take_batch(self) -> List[DramEntry]:
-        # A bucket never takes more than a quarter of the SSD tier, so that writing one
-        # evicts only a part of what is there (a single larger object still goes alone).
-        limit = min(self.config.bucket_bytes, self.config.ssd_bytes // 4)
-        batch: List[DramEntry] = []
-        nbytes = 0
-        while self._pending and len(batch) < self.config.bucket_max_keys:
-            entry = self._pending[0]
-            if batch and nbytes + record_size(len(entry.key), entry.size) > limit:
-                break
-            self._pending.popleft()
-            self._pending_bytes -= entry.size
-            if entry.detached:  # removed or overwritten while queued
-                entry.ssd = SsdState.NONE
-                self._dram.release(entry)
-                continue
-            batch.append(entry)
-            nbytes += record_size(len(entry.key), entry.size)
-        return batch
-
-    def _finish_batch(self, batch: List[DramEntry], evicted: List[bytes], elapsed: float) -> None:
-        self._offload_error = None
-        for key in evicted:
-            entry = self._dram.lookup(key)
-            if entry is not None and entry.ssd is SsdState.ON_SSD:
-                entry.ssd = SsdState.LOST
-        for entry in batch:
-            entry.ssd = SsdState.ON_SSD
-            if entry.detached:  # removed while being written: take the new copy back out
-                self._backend.remove(entry.key)  # type: ignore[union-attr]
-                self._dram.release(entry)
-        self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
-        self._counters.add("offloaded", len(batch))
-        self._counters.add("offloaded_bytes", sum(e.size for e in batch))
-        self._counters.add("offload_seconds", elapsed)
-        if self.config.offload == "watermark":
-            low = self.config.low_watermark * self._dram.capacity
-            self._evict_dram(until=lambda: self._dram.used <= low)
-
-    def _fail_batch(self, batch: List[DramEntry], error: GdskvError) -> None:
-        """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
-        self._offload_error = error
-        self._offload_failures += 1
-        pause = self.config.offload_retry_s
-        self._offload_paused_until = time.monotonic() + pause
-        log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)
-        for entry in reversed(batch):
-            self._pending.appendleft(entry)
-            self._pending_bytes += entry.size
-
-    def _select_for_offload(self) -> None:
-        """Watermark policy: above the high watermark, queue the coldest DRAM-only objects
-        (and evict those already on SSD) until usage would reach the low watermark."""
-        cap = self._dram.capacity
-        if self._dram.used <= self.config.high_watermark * cap and not self._space_waiters:
-            return
-        low = self.config.low_watermark * cap
-        self._evict_dram(until=lambda: self._dram.used <= low)
-        projected = self._dram.used - self._pending_bytes - sum(e.size for e in self._inflight)
-        if projected <= low:
-            return
-        chosen = []
-        for key in self._dram.policy.ordered():
-            entry = self._dram.entries[key]
-            if entry.complete and entry.ssd is SsdState.NONE:
-                chosen.append(entry)
-                projected -= entry.size
-                if projected <= low:
-                    break
-        for entry in chosen:
-            self._enqueue(entry)
+    def _ssd_copy_dropped(self, k: bytes) -> None:
+        """The SSD copy of ``k`` failed verification and was dropped. A DRAM copy that
+        counted on it is now the only one: it becomes DRAM-only again (not evictable, and
+        written to SSD anew: queued at once under eager offload, by watermark or close
+        otherwise). Lock held."""
+        entry = self._dram.readable(k)
+        if entry is not None and entry.ssd is SsdState.ON_SSD and self._backend.lookup(k) is None:  # type: ignore[union-attr]
+            entry.ssd = SsdState.NONE
+            if self.config.offload == "eager":
+                self._enqueue(entry)
 
     # ================================================================== cluster hooks
 
@@ -854,44 +724,3 @@ class Store:
             f"Store({str(self.path)!r}, dram={format_size(self.config.dram_bytes)}, "
             f"ssd={format_size(self.config.ssd_bytes)}, offload={self.config.offload!r})"
         )
-
-
-def _open_directory(path: Path, config: StoreConfig) -> int:
-    """Create or validate the store directory, take its lock, check its format."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError("store path exists and is not a directory", path=str(path))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise IoError(f"cannot open store directory: {exc.strerror}", path=str(path), errno=exc.errno) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise StoreLockedError("store directory is open in another process", path=str(path)) from None
-    try:
-        _check_meta(path / META_FILE, config)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _check_meta(meta_path: Path, config: StoreConfig) -> None:
-    if not meta_path.exists():
-        meta = {"format": "gdskv", "format_version": FORMAT_VERSION, "backend": config.backend}
-        write_file_atomic(meta_path, json.dumps(meta, indent=2).encode())
-        return
-    try:
-        meta = json.loads(meta_path.read_text())
-        version = int(meta["format_version"])
-        backend = str(meta["backend"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError("unreadable store metadata", path=str(meta_path), cause=str(exc)) from exc
-    if version > FORMAT_VERSION:
-        raise FormatVersionError(
-            "store written by a newer gdskv format", path=str(meta_path), supported=FORMAT_VERSION, got=version
-        )
-    if backend != config.backend:
-        raise ConfigError("store was created with another backend", path=str(meta_path), stored=backend, requested=config.backend)

@@ -57,3 +57,84 @@ def make_store(tmp_path):
     yield _make
     for store in opened:
         store.close()
+
+
+# --------------------------------------------------------------------------- backends x engines
+
+#: I/O engines the store matrix runs on ("auto" resolves to one of them; tested on its own).
+MATRIX_ENGINES = ("psync", "uring")
+
+
+def uring_unavailable() -> "str | None":
+    """None when the uring engine works here, else why not (the skip reason)."""
+    global _URING_REASON
+    if _URING_REASON == "":
+        from gdskv.errors import GdskvError
+        from gdskv.gds.uring import UringEngine
+
+        try:
+            UringEngine(depth=2, slots=1, chunk_bytes=4096).close()
+            _URING_REASON = None
+        except (GdskvError, OSError) as exc:
+            _URING_REASON = f"uring engine unavailable: {exc}"
+    return _URING_REASON
+
+
+_URING_REASON: "str | None" = ""
+
+
+@pytest.fixture(
+    params=[(b, e) for b in gdskv.config.BACKENDS for e in MATRIX_ENGINES],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def backend_engine(request):
+    """``(backend, io_engine)``: every registered backend on every engine. Opt in by taking
+    this fixture and passing ``backend=..., io_engine=...`` to ``make_store``."""
+    backend, engine = request.param
+    if engine == "uring" and uring_unavailable():
+        pytest.skip(uring_unavailable())
+    return backend, engine
+
+
+# --------------------------------------------------------------------------- small filesystems
+
+
+def _mount(kind: str, target, size: "str | None" = None) -> "str | None":
+    """Mount a fresh ``kind`` filesystem on ``target``; None on success, else why not."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        return "needs root to mount a filesystem"
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = ["mount", "-t", kind] + (["-o", f"size={size}"] if size else []) + [kind, str(target)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    return None if done.returncode == 0 else f"cannot mount {kind}: {done.stderr.strip()}"
+
+
+def _umount(target) -> None:
+    import subprocess
+
+    subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+@pytest.fixture
+def ramfs_dir(tmp_path):
+    """A directory on ramfs, a filesystem that refuses O_DIRECT (skips where one cannot be
+    mounted). tmpfs accepts O_DIRECT on recent kernels, so it cannot stand in."""
+    target = tmp_path / "ramfs"
+    reason = _mount("ramfs", target)
+    if reason:
+        pytest.skip(reason)
+    yield target
+    _umount(target)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 4 MiB tmpfs, to fill up for real ENOSPC (skips where one cannot be mounted)."""
+    target = tmp_path / "tiny"
+    reason = _mount("tmpfs", target, "4m")
+    if reason:
+        pytest.skip(reason)
+    yield target
+    _umount(target)

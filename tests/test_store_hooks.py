@@ -32,7 +32,7 @@ class Recorder(StoreListener):
                 entry = self.store._dram.entries.get(key)
                 self.held_during_eviction.append(entry is not None and entry.complete and entry.offset >= 0)
             else:  # the backend's lock is held by this thread: read its index directly
-                self.held_during_eviction.append(key in self.store._backend._index)
+                self.held_during_eviction.append(key in self.store._backend._objects)
 
     def keys(self, kind, tier):
         return [
@@ -83,7 +83,7 @@ def test_nvme_bucket_eviction_is_reported_before_the_bucket_goes(make_store):
     assert evicted, "the NVMe tier never filled up"
     assert all(rec.held_during_eviction)
     for key in evicted:
-        assert key not in store._backend._index or any(
+        assert key not in store._backend._objects or any(
             key in items for kind, tier, items in rec.events if kind == "stored" and tier is Tier.NVME
         )
 

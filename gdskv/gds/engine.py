@@ -9,21 +9,38 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
 - ``IoFuture.result(timeout=None) -> list[int]``: the byte count of each request, in order,
   once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
   makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths.
-  Futures also offer ``done()`` and can be awaited from asyncio.
+  Futures also offer ``done()``, ``as_completed()`` (each request's outcome as it
+  finishes) and can be awaited from asyncio.
+- ``open_file(path, flags, mode) -> int``: open a file the way this engine wants to move
+  its bytes: with ``O_DIRECT`` when the engine was built with ``direct=True`` and the
+  filesystem allows it, buffered otherwise (the refusal is counted and logged once).
+  Backends open their data files through it and never manage alignment: every engine
+  accepts unaligned offsets, lengths and buffers on an ``O_DIRECT`` file and moves them
+  through aligned staging memory it allocated once (:mod:`gdskv.gds.bounce`). The one
+  rule: two writes of one batch (or of batches in flight together) must not touch the
+  same 4 KiB block of an O_DIRECT file, since each rewrites the whole block.
+- ``describe() -> dict``: what :meth:`gdskv.Store.stats` shows (name, O_DIRECT, and for an
+  engine chosen by ``auto``, why).
 - ``close()``: idempotent; later submits raise :class:`StoreClosedError`.
 
-Engines: ``psync`` (a thread pool of ``os.preadv``/``os.pwritev``; always available) and
-:class:`MemoryEngine`-style test doubles. io_uring and kvikio engines implement the same
-protocol.
+Engines: ``psync`` (a thread pool of ``os.preadv``/``os.pwritev``; always available),
+``uring`` (io_uring through the ``liburing`` package) and ``auto`` (probes and picks one of
+them, :mod:`gdskv.gds.probe`); :class:`gdskv.gds.faulty.FaultyEngine` wraps any engine to
+inject faults in tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import enum
-from typing import Any, Generator, List, Optional, Sequence, Union
+import logging
+import os
+from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from gdskv.gds.aligned import open_file
+
+log = logging.getLogger(__name__)
 
 
 class IoOp(enum.Enum):
@@ -31,12 +48,12 @@ class IoOp(enum.Enum):
     WRITE = "write"
 
 
-@dataclasses.dataclass(frozen=True)
-class IoRequest:
+class IoRequest(NamedTuple):
     """One vectored read or write at ``offset`` of the open file ``fd``.
 
     ``buffers`` are byte views (writable ones for reads); their lengths add up to the
-    transfer size. ``path`` is only used in error messages.
+    transfer size. ``path`` is only used in error messages. Immutable (a named tuple: cheap
+    to build, which matters at hundreds of thousands of requests per second).
     """
 
     op: IoOp
@@ -92,6 +109,13 @@ class IoFuture:
         concurrent.futures.wait(self._parts, timeout=timeout)
         return [p.exception(timeout=0) or p.result(timeout=0) for p in self._parts]
 
+    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
+        """Yield ``(index, byte count or exception)`` for each request as it finishes, so a
+        caller can verify one while the others are still in flight."""
+        where = {id(p): i for i, p in enumerate(self._parts)}
+        for part in concurrent.futures.as_completed(self._parts, timeout=timeout):
+            yield where[id(part)], part.exception(timeout=0) or part.result(timeout=0)
+
     def __await__(self) -> Generator[Any, None, List[int]]:
         wrapped = [asyncio.wrap_future(p) for p in self._parts]
         results = yield from asyncio.gather(*wrapped).__await__()
@@ -103,6 +127,26 @@ class IoEngine:
 
     #: Registered name ("psync", "uring", "kvikio").
     name = "base"
+    #: Class-level defaults, for engines that do not call ``IoEngine.__init__``.
+    direct = False
+    reason: Optional[str] = None
+    direct_refused = 0
+
+    def __init__(self, *, direct: bool = False) -> None:
+        #: Whether :meth:`open_file` asks for O_DIRECT.
+        self.direct = direct
+        #: Why this engine was chosen (set by ``auto``), shown by :meth:`describe`.
+        self.reason: Optional[str] = None
+        self.direct_refused = 0
+
+    def open_file(self, path: "str | os.PathLike[str]", flags: int, mode: int = 0o644) -> int:
+        """Open ``path`` for this engine: O_DIRECT when enabled and allowed, else buffered."""
+        fd, direct = open_file(path, flags, mode, direct=self.direct)
+        if self.direct and not direct:
+            self.direct_refused += 1
+            if self.direct_refused == 1:
+                log.info("gdskv: the filesystem of %s refuses O_DIRECT; using buffered I/O there", os.path.dirname(path))
+        return fd
 
     def submit(self, requests: Sequence[IoRequest]) -> IoFuture:  # pragma: no cover
         raise NotImplementedError
@@ -113,7 +157,10 @@ class IoEngine:
 
     def describe(self) -> dict[str, Any]:
         """What :meth:`gdskv.Store.stats` shows about this engine."""
-        return {"name": self.name}
+        out: dict[str, Any] = {"name": self.name, "direct": self.direct, "direct_refused": self.direct_refused}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
 
     def close(self) -> None:  # pragma: no cover
         raise NotImplementedError

@@ -155,7 +155,11 @@ class StoreProvider(Provider):
 
     def remove(self, keys: List[bytes]) -> List[ItemStatus]:
         self.registrar.removing(keys)
-        return [ItemStatus.OK if self.store.remove(k) else ItemStatus.MISS for k in keys]
+        statuses = [ItemStatus.OK if self.store.remove(k) else ItemStatus.MISS for k in keys]
+        # A bucket that reached SSD meanwhile (a remove waits for one that holds its key)
+        # registered its other keys again: unregister once more, now that they are gone.
+        self.registrar.removing(keys)
+        return statuses
 
     def pull(self, keys: List[bytes]) -> List[ItemStatus]:
         if self._pull is None:

@@ -59,6 +59,33 @@ class OffsetAllocator:
             return offset
         return None
 
+    def claim(self, offset: int, size: int) -> None:
+        """Mark ``[offset, offset + size)`` (rounded up) as allocated; it must lie inside one
+        free extent. Used to rebuild an allocator from a persisted index."""
+        need = self.rounded(size)
+        if size <= 0 or offset % self.alignment:
+            raise GdskvError("claim of a misaligned or empty range", offset=offset, size=size)
+        i = bisect.bisect_right(self._free_offsets, offset) - 1
+        start = self._free_offsets[i] if i >= 0 else -1
+        if i < 0 or offset + need > start + self._free_sizes[start]:
+            raise GdskvError("claim of a range that is not free", offset=offset, size=need)
+        extent = self._free_sizes.pop(start)
+        del self._free_offsets[i]
+        if offset > start:  # the part before the claim stays free
+            self._free_offsets.insert(i, start)
+            self._free_sizes[start] = offset - start
+            i += 1
+        rest = start + extent - (offset + need)
+        if rest:  # the part after the claim stays free
+            self._free_offsets.insert(i, offset + need)
+            self._free_sizes[offset + need] = rest
+        self._live[offset] = need
+        self.used += need
+
+    def extents(self) -> list[tuple[int, int]]:
+        """The free extents as ``(offset, size)``, lowest offset first."""
+        return [(offset, self._free_sizes[offset]) for offset in self._free_offsets]
+
     def free(self, offset: int) -> None:
         """Release the allocation at ``offset`` (which must be live)."""
         size = self._live.pop(offset, None)

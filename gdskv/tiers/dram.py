@@ -10,8 +10,9 @@ Entry life cycle (two-phase, as for any async I/O)::
     reserve() -> WRITING --write()--> commit() -> COMPLETE --detach()--> freed when idle
 
 A WRITING entry is invisible to readers. A detached entry (removed, overwritten or evicted)
-is forgotten at once, but its bytes are freed only when no reader pins it and no offload is
-writing from it, so nobody ever copies from memory that was handed to another object.
+is forgotten at once, but its bytes are freed only when its writer has finished copying into
+it (:meth:`DramTier.written`), no reader pins it and no offload is writing from it, so nobody
+ever copies into or from memory that was handed to another object.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class SsdState(enum.Enum):
 
 
 class DramEntry:
-    __slots__ = ("key", "offset", "size", "crc", "complete", "readers", "ssd", "detached", "queued_at")
+    __slots__ = ("key", "offset", "size", "crc", "complete", "writing", "readers", "ssd", "detached", "queued_at")
 
     def __init__(self, key: bytes, offset: int, size: int, crc: int) -> None:
         self.key = key
@@ -47,6 +48,7 @@ class DramEntry:
         self.size = size
         self.crc = crc
         self.complete = False
+        self.writing = True  # the reserving thread is copying the value in
         self.readers = 0
         self.ssd = SsdState.NONE
         self.detached = False
@@ -54,7 +56,7 @@ class DramEntry:
 
     @property
     def idle(self) -> bool:
-        return self.readers == 0 and self.ssd is not SsdState.PENDING
+        return self.readers == 0 and not self.writing and self.ssd is not SsdState.PENDING
 
 
 class DramTier:
@@ -91,6 +93,12 @@ class DramTier:
         entry = DramEntry(key, offset, size, crc)
         self.entries[key] = entry
         return entry
+
+    def written(self, entry: DramEntry) -> None:
+        """The copy into a reserved entry is over (done or failed); a detached entry's bytes
+        may be freed from now on."""
+        entry.writing = False
+        self.release(entry)
 
     def commit(self, entry: DramEntry) -> None:
         """Make a written entry visible to readers and to the eviction policy."""

@@ -1,7 +1,8 @@
 """NVMe storage backends (on-disk layouts), selected by name.
 
 :func:`make_backend` builds one; an unknown name raises :class:`ConfigError` listing the
-valid ones.
+valid ones. The names must match :data:`gdskv.config.BACKENDS` (a test checks that they
+agree).
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from gdskv.errors import ConfigError
 from gdskv.gds.engine import IoEngine
 from gdskv.tiers.backends.base import ObjectInfo, RecoveryReport, StorageBackend
 from gdskv.tiers.backends.bucket import BucketBackend
+from gdskv.tiers.backends.file_per_key import FilePerKeyBackend
+from gdskv.tiers.backends.offset import OffsetBackend
 
 BACKENDS: Dict[str, Callable[..., StorageBackend]] = {
     "bucket": BucketBackend,
+    "file_per_key": FilePerKeyBackend,
+    "offset": OffsetBackend,
 }
 
 
@@ -28,4 +33,13 @@ def make_backend(name: str, root: Path, engine: IoEngine, **options) -> StorageB
     return factory(root, engine, **options)
 
 
-__all__ = ["BACKENDS", "BucketBackend", "ObjectInfo", "RecoveryReport", "StorageBackend", "make_backend"]
+__all__ = [
+    "BACKENDS",
+    "BucketBackend",
+    "FilePerKeyBackend",
+    "ObjectInfo",
+    "OffsetBackend",
+    "RecoveryReport",
+    "StorageBackend",
+    "make_backend",
+]

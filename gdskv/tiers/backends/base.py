@@ -30,7 +30,11 @@ Backends are thread-safe: reads run concurrently with a write and with each othe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from gdskv.errors import StoreClosedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,18 +86,49 @@ class StorageBackend:
     def check(self) -> List[bytes]:  # pragma: no cover
         raise NotImplementedError
 
-    def keys(self) -> List[bytes]:  # pragma: no cover
-        raise NotImplementedError
+    # -- shared bookkeeping ---------------------------------------------------------
+    # Subclasses keep ``self._objects`` (key -> their own record of it), ``self._lock``,
+    # ``self._closed``, ``self.counters`` (name -> int) and ``self.dir``, and implement
+    # ``used_bytes``; the queries below then come for free.
 
-    def __len__(self) -> int:  # pragma: no cover
-        raise NotImplementedError
+    _objects: Dict[bytes, Any]
+    _lock: threading.Lock
+    _closed: bool
+    counters: Dict[str, int]
+    dir: Path
+
+    def keys(self) -> List[bytes]:
+        with self._lock:
+            return list(self._objects)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._objects
 
     @property
     def used_bytes(self) -> int:  # pragma: no cover
         raise NotImplementedError
 
-    def stats(self) -> dict[str, Any]:  # pragma: no cover
-        raise NotImplementedError
+    def layout_stats(self) -> Dict[str, Any]:
+        """Backend-specific figures for :meth:`stats` (called with the lock held)."""
+        return {}
+
+    def stats(self) -> Dict[str, Any]:
+        with self._lock:
+            return {
+                "backend": self.name,
+                "objects": len(self._objects),
+                "used_bytes": self.used_bytes,
+                "capacity": self.capacity,
+                **self.layout_stats(),
+                **self.counters,
+            }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("backend is closed", path=str(self.dir))
 
     def close(self) -> None:  # pragma: no cover
         raise NotImplementedError

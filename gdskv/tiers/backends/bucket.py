@@ -14,6 +14,9 @@ it back; a bucket whose last key is removed is deleted. Eviction is bucket-level
 LRU over bucket ids) under the byte cap. Readers pin a bucket so its file descriptor is not
 closed under them; an evicted bucket's files are unlinked at once and the descriptor closed
 when the last reader leaves.
+
+Data files are opened through the I/O engine (``O_DIRECT`` where the engine and filesystem
+allow it); the engine handles alignment, so records are handed to it as they are.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from gdskv.errors import (
     InvalidValueError,
     IoError,
     NoSpaceError,
-    StoreClosedError,
 )
+from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic
@@ -69,9 +72,9 @@ class _Bucket:
         self.readers = 0
         self.evicted = False
 
-    def open_fd(self) -> int:
+    def open_fd(self, engine: IoEngine) -> int:
         if self.fd is None:
-            self.fd = os.open(self.data_path, os.O_RDONLY)
+            self.fd = engine.open_file(self.data_path, os.O_RDONLY)
         return self.fd
 
     def close_fd(self) -> None:
@@ -102,7 +105,7 @@ class BucketBackend(StorageBackend):
         self._policy = make_policy(eviction)
         self._lock = threading.Lock()
         self._buckets: Dict[int, _Bucket] = {}
-        self._index: Dict[bytes, _Bucket] = {}
+        self._objects: Dict[bytes, _Bucket] = {}
         self._used = 0
         self._next_bucket = 1
         self._next_seq = 1
@@ -164,9 +167,9 @@ class BucketBackend(StorageBackend):
             self._policy.insert(bucket_id)
             self._used += bucket.data_len
             for key in bucket.entries:
-                self._index[key] = bucket
+                self._objects[key] = bucket
         report.containers = len(self._buckets)
-        report.objects = len(self._index)
+        report.objects = len(self._objects)
         report.bytes = sum(e.value_len for b in self._buckets.values() for e in b.entries.values())
         if report.dropped_torn or report.dropped_corrupt:
             log.warning(
@@ -247,8 +250,9 @@ class BucketBackend(StorageBackend):
         entries = []
         try:
             tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
+                preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
                 requests = []
                 for i, (key, value, crc, offset) in enumerate(layout):
                     seq = first_seq + i
@@ -275,10 +279,10 @@ class BucketBackend(StorageBackend):
             self._buckets[bucket.id] = bucket
             self._policy.insert(bucket.id)
             for key in bucket.entries:
-                older = self._index.get(key)
+                older = self._objects.get(key)
                 if older is not None:
                     self._forget(older, key)
-                self._index[key] = bucket
+                self._objects[key] = bucket
             self.counters["buckets_written"] += 1
             self.counters["bytes_written"] += data_len
         return evicted
@@ -302,8 +306,8 @@ class BucketBackend(StorageBackend):
     def _drop_bucket(self, bucket: _Bucket) -> None:
         """Remove a bucket from the index and from disk. Lock held."""
         for key in bucket.entries:
-            if self._index.get(key) is bucket:
-                del self._index[key]
+            if self._objects.get(key) is bucket:
+                del self._objects[key]
         bucket.entries = {}
         self._policy.remove(bucket.id)
         self._buckets.pop(bucket.id, None)
@@ -320,10 +324,14 @@ class BucketBackend(StorageBackend):
     def _forget(self, bucket: _Bucket, key: bytes) -> None:
         """Drop ``key`` from ``bucket`` durably. Lock held."""
         bucket.entries.pop(key, None)
-        if self._index.get(key) is bucket:
-            del self._index[key]
+        if self._objects.get(key) is bucket:
+            del self._objects[key]
         if not bucket.entries:
             self._drop_bucket(bucket)
+            try:
+                fsync_dir(self.dir)  # the unlinks, like an index rewrite, must outlive a power loss
+            except OSError as exc:
+                raise IoError(f"could not sync {self.dir}: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
         else:
             self._persist_index(bucket)
 
@@ -334,7 +342,7 @@ class BucketBackend(StorageBackend):
 
     def lookup(self, key: bytes) -> Optional[ObjectInfo]:
         with self._lock:
-            bucket = self._index.get(key)
+            bucket = self._objects.get(key)
             if bucket is None:
                 return None
             entry = bucket.entries[key]
@@ -348,17 +356,17 @@ class BucketBackend(StorageBackend):
         with self._lock:
             self._check_open()
             for key, out in items:
-                bucket = self._index.get(key)
+                bucket = self._objects.get(key)
                 if bucket is not None and out.nbytes < bucket.entries[key].value_len:
                     size = bucket.entries[key].value_len
                     raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
             for i, (key, out) in enumerate(items):
-                bucket = self._index.get(key)
+                bucket = self._objects.get(key)
                 if bucket is None:
                     continue
                 entry = bucket.entries[key]
                 try:
-                    fd = bucket.open_fd()
+                    fd = bucket.open_fd(self.engine)
                 except OSError as exc:
                     self.counters["read_errors"] += 1
                     log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
@@ -402,7 +410,7 @@ class BucketBackend(StorageBackend):
     def remove(self, key: bytes) -> bool:
         with self._lock:
             self._check_open()
-            bucket = self._index.get(key)
+            bucket = self._objects.get(key)
             if bucket is None:
                 return False
             self._forget(bucket, key)
@@ -412,42 +420,23 @@ class BucketBackend(StorageBackend):
         """Verify every record (header, key, value checksum); drop and return corrupt keys."""
         with self._lock:
             snapshot = [(b, e) for b in self._buckets.values() for e in b.entries.values()]
-        corrupt = [e.key for b, e in snapshot if not self._verify_record(b, e)]
+        failed = [(b, e) for b, e in snapshot if not self._verify_record(b, e)]
+        corrupt: List[bytes] = []
         with self._lock:
-            for bucket, entry in snapshot:
-                if entry.key in corrupt and bucket.entries.get(entry.key) is entry:
+            for bucket, entry in failed:
+                # Removed, overwritten or evicted meanwhile (its file may be gone): not corrupt.
+                if bucket.entries.get(entry.key) is entry:
+                    corrupt.append(entry.key)
                     self._forget(bucket, entry.key)
-        self.counters["corrupt_reads"] += len(corrupt)
+            self.counters["corrupt_reads"] += len(corrupt)
         return corrupt
-
-    def keys(self) -> List[bytes]:
-        with self._lock:
-            return list(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._index
 
     @property
     def used_bytes(self) -> int:
         return self._used
 
-    def stats(self) -> dict:
-        with self._lock:
-            return {
-                "backend": self.name,
-                "objects": len(self._index),
-                "buckets": len(self._buckets),
-                "used_bytes": self._used,
-                "capacity": self.capacity,
-                **self.counters,
-            }
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("backend is closed", path=str(self.dir))
+    def layout_stats(self) -> dict:
+        return {"buckets": len(self._buckets)}
 
     def close(self) -> None:
         with self._lock:

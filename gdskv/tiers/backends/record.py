@@ -44,6 +44,10 @@ assert INDEX_HEADER.size == 36  # bump FORMAT_VERSION when this changes
 INDEX_ENTRY = struct.Struct("<QQQII")
 assert INDEX_ENTRY.size == 32  # bump FORMAT_VERSION when this changes
 
+#: Record flag: a tombstone (value length 0) that removes its key from an offset-backend
+#: store when it is newer than the key's record. Bucket files never hold tombstones.
+FLAG_TOMBSTONE = 1
+
 ZERO_PAGE = memoryview(bytes(ALIGN))
 
 
@@ -66,10 +70,10 @@ def record_size(key_len: int, value_len: int) -> int:
     return head_size(key_len) + align_up(value_len)
 
 
-def encode_head(key: bytes, value_len: int, seq: int, crc: int) -> bytearray:
+def encode_head(key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0) -> bytearray:
     """The header block of a record: header, key, zero padding up to the value."""
     head = bytearray(head_size(len(key)))
-    fields = (RECORD_MAGIC, FORMAT_VERSION, 0, seq, len(key), value_len, crc)
+    fields = (RECORD_MAGIC, FORMAT_VERSION, flags, seq, len(key), value_len, crc)
     packed = struct.pack("<4sHHQIQI", *fields)
     RECORD_HEADER.pack_into(head, 0, *fields, _crc.crc32c(packed))
     head[RECORD_HEADER.size : RECORD_HEADER.size + len(key)] = key
@@ -91,20 +95,21 @@ class RecordHeader:
     key_len: int
     value_len: int
     crc: int
+    flags: int = 0
 
 
 def decode_head(buf: bytes, *, path: str = "", offset: int = 0) -> RecordHeader:
     """Parse and verify a record header; raise CorruptionError / FormatVersionError."""
     if len(buf) < RECORD_HEADER.size:
         raise CorruptionError("truncated record header", path=path, offset=offset)
-    magic, version, _flags, seq, key_len, value_len, crc, head_crc = RECORD_HEADER.unpack_from(buf)
+    magic, version, flags, seq, key_len, value_len, crc, head_crc = RECORD_HEADER.unpack_from(buf)
     if magic != RECORD_MAGIC:
         raise CorruptionError("bad record magic", path=path, offset=offset, got=magic)
     if _crc.crc32c(bytes(buf[: RECORD_HEADER.size - 4])) != head_crc:
         raise CorruptionError("record header checksum mismatch", path=path, offset=offset)
     if version > FORMAT_VERSION:
         raise FormatVersionError("record written by a newer format", path=path, supported=FORMAT_VERSION, got=version)
-    return RecordHeader(seq, key_len, value_len, crc)
+    return RecordHeader(seq, key_len, value_len, crc, flags)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,293 @@
+"""GPU measurements for benchmarks/gpu_check.sh, one stage per call.
+
+Each stage prints ``ROW|name|measured|baseline|ratio|note`` lines (GB/s; the baseline is
+what the same machine does in the same run) that gpu_check.sh gathers into its table:
+
+- ``copy``: HBM tier host<->device copies against a plain torch copy of the same bytes
+  between the same pinned host buffer and device memory; an HBM hit of a 2 MiB block
+  against a device-to-device copy (target >= 0.8x).
+- ``nvme``: NVMe -> GPU through the kvikio engine and through the staging path (uring or
+  psync, O_DIRECT), each against fio reading the same file (O_DIRECT, 4 MiB blocks), or a
+  plain O_DIRECT read where fio is missing (target >= 0.9x); and GDS vs compat mode.
+
+Usage: python benchmarks/bench_gpu.py copy|nvme [--dir DIR] [--gib N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+GB = 1e9
+MiB = 1 << 20
+
+
+def row(name, measured, baseline, note=""):
+    ratio = f"{measured / baseline:.2f}x" if measured and baseline else "-"
+    m = f"{measured:.2f}" if measured else "-"
+    b = f"{baseline:.2f}" if baseline else "-"
+    print(f"ROW|{name}|{m}|{b}|{ratio}|{note}", flush=True)
+
+
+def best_of(fn, repeat=5):
+    """Best wall time of ``fn()`` (which synchronises before returning)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# --------------------------------------------------------------------------- copy
+
+
+def stage_copy(args):
+    import torch
+
+    from gdskv.tiers.devpool import TorchCudaPool
+    from gdskv.tiers.hbm import HbmTier, HostSink
+
+    size = 1 << 30
+    host = torch.empty(size, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    sync = torch.cuda.synchronize
+
+    def plain_h2d():
+        dev.copy_(host, non_blocking=True); sync()
+
+    def plain_d2h():
+        host.copy_(dev, non_blocking=True); sync()
+
+    pool = TorchCudaPool(size)
+    host_view = memoryview(host.numpy())
+
+    def pool_h2d():
+        pool.write(0, host); sync()
+
+    def pool_d2h():
+        pool.to_host_async(0, size, host_view).wait()
+
+    for name, ours, plain in (("H2D pinned (HBM pool write)", pool_h2d, plain_h2d),
+                              ("D2H pinned (HBM eviction copy)", pool_d2h, plain_d2h)):
+        ours(); plain()
+        row(name, size / best_of(ours) / GB, size / best_of(plain) / GB, "vs plain torch copy_")
+    pool.close()
+    dev = None  # free the 1 GiB before the next part
+
+    class Sink(HostSink):
+        def reserve(self, key, n):
+            return None
+
+        def complete(self, key, buf, ok):
+            pass
+
+    block = 2 * MiB
+    tier = HbmTier(TorchCudaPool(256 * MiB), Sink())
+    values = [torch.randint(0, 255, (block,), dtype=torch.uint8, device="cuda") for _ in range(64)]
+    for i, v in enumerate(values):
+        tier.put(b"k%d" % i, v)
+    out = torch.empty(block, dtype=torch.uint8, device="cuda")
+
+    def hits():
+        for i in range(64):
+            tier.get_into(b"k%d" % i, out)
+        sync()
+
+    def d2d():
+        for i in range(64):
+            out.copy_(values[i])
+        sync()
+
+    hits(); d2d()
+    row("HBM hit 2 MiB (get_into)", 64 * block / best_of(hits) / GB, 64 * block / best_of(d2d) / GB,
+        "vs device-to-device copy_; target >= 0.8x")
+    tier.close()
+
+
+# --------------------------------------------------------------------------- nvme
+
+
+def make_file(path, nbytes):
+    import numpy as np
+
+    if os.path.exists(path) and os.path.getsize(path) == nbytes:
+        return
+    chunk = np.random.default_rng(1).integers(0, 256, 64 * MiB, dtype=np.uint8).tobytes()
+    with open(path, "wb") as f:
+        for _ in range(nbytes // len(chunk)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def drop_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fio_read(path, nbytes):
+    if shutil.which("fio") is None:
+        return None, "fio missing"
+    cmd = ["fio", "--name=r", f"--filename={path}", "--rw=read", "--bs=4M", "--direct=1", "--ioengine=libaio",
+           "--iodepth=16", "--numjobs=1", f"--size={nbytes}", "--output-format=json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return None, f"fio failed: {done.stderr.strip()[:80]}"
+    job = json.loads(done.stdout)["jobs"][0]["read"]
+    return job["bw_bytes"] / GB, "fio O_DIRECT 4M qd16"
+
+
+def odirect_read(path, nbytes):
+    """Plain O_DIRECT read of the file through the psync engine into aligned host memory."""
+    from gdskv.gds.aligned import alloc_aligned
+    from gdskv.gds.engine import IoRequest
+    from gdskv.gds.psync import PsyncEngine
+
+    chunk = 4 * MiB
+    with PsyncEngine(threads=16, direct=True) as engine:
+        fd = engine.open_file(path, os.O_RDONLY)
+        bufs = [alloc_aligned(chunk) for _ in range(16)]
+        drop_cache(path)
+        t0 = time.perf_counter()
+        pos = 0
+        while pos < nbytes:
+            reqs = []
+            for b in bufs:
+                if pos >= nbytes:
+                    break
+                reqs.append(IoRequest.read(fd, pos, b.view[: min(chunk, nbytes - pos)], path=path))
+                pos += chunk
+            engine.run(reqs)
+        elapsed = time.perf_counter() - t0
+        os.close(fd)
+        for b in bufs:
+            b.close()
+    return nbytes / elapsed / GB
+
+
+def kvikio_read(path, nbytes):
+    import torch
+
+    from gdskv.gds.engine import IoRequest
+    from gdskv.gds.kvikio_engine import KvikioEngine
+
+    chunk = 64 * MiB
+    engine = KvikioEngine()
+    dst = torch.empty(4 * chunk, dtype=torch.uint8, device="cuda")
+    try:
+        engine.register(dst)
+    except Exception as exc:  # noqa: BLE001 - unregistered buffers still work, more slowly
+        print(f"cuFile buffer registration failed: {exc}", flush=True)
+    fd = engine.open_file(path, os.O_RDONLY)
+
+    def once():
+        drop_cache(path)
+        t0 = time.perf_counter()
+        pos = 0
+        while pos < nbytes:
+            reqs = []
+            for k in range(4):
+                if pos >= nbytes:
+                    break
+                n = min(chunk, nbytes - pos)
+                reqs.append(IoRequest.read(fd, pos, dst[k * chunk : k * chunk + n], path=path))
+                pos += n
+            engine.run(reqs)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    once()
+    best = min(once() for _ in range(3))
+    mode, why = engine.mode, engine.mode_reason
+    os.close(fd)
+    engine.close()
+    return nbytes / best / GB, mode, why
+
+
+def staging_read(path, nbytes):
+    import torch
+
+    from gdskv.gds import make_engine
+    from gdskv.gds.staging import StagedRead, StagingReader, TorchCopier
+
+    engine = make_engine("auto", direct=True, depth=64, threads=8, directory=os.path.dirname(path))
+    reader = StagingReader(engine, TorchCopier(), slot_bytes=8 * MiB, slots=4)
+    span = 256 * MiB
+    dst = torch.empty(span, dtype=torch.uint8, device="cuda")
+    fd = engine.open_file(path, os.O_RDONLY)
+
+    def once():
+        drop_cache(path)
+        t0 = time.perf_counter()
+        pos = 0
+        while pos < nbytes:
+            n = min(span, nbytes - pos)
+            reader.read_into([StagedRead(fd, pos, n, dst, path=path)])
+            pos += n
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    once()
+    best = min(once() for _ in range(3))
+    name = engine.describe()["name"]
+    os.close(fd)
+    reader.close()
+    engine.close()
+    return nbytes / best / GB, name
+
+
+def stage_nvme(args):
+    from gdskv.gds.probe import fs_type
+
+    os.makedirs(args.dir, exist_ok=True)
+    path = os.path.join(args.dir, "gpu_check.data")
+    nbytes = int(args.gib * (1 << 30))
+    make_file(path, nbytes)
+    print(f"file {path} ({args.gib} GiB) on {fs_type(args.dir)}", flush=True)
+    base, base_note = fio_read(path, nbytes)
+    plain = odirect_read(path, nbytes)
+    row("NVMe->host plain O_DIRECT read", plain, base, f"psync 16 x 4 MiB; vs {base_note}")
+    if base is None:
+        base, base_note = plain, f"{base_note}; plain O_DIRECT read"
+    else:
+        print(f"ROW|NVMe->host fio read (baseline)|{base:.2f}|-|-|{base_note}, {args.gib} GiB on {fs_type(args.dir)}", flush=True)
+    print(f"baseline: {base:.2f} GB/s ({base_note})", flush=True)
+    try:
+        gbs, mode, why = kvikio_read(path, nbytes)
+        row("NVMe->GPU kvikio", gbs, base, f"mode={mode}; vs {base_note}; target >= 0.9x")
+        print(f"kvikio mode: {mode} ({why})", flush=True)
+        print(f"ROW|GDS or compat|{mode}|-|-|{why}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        print(f"ROW|NVMe->GPU kvikio|FAILED|-|-|{type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    try:
+        gbs, name = staging_read(path, nbytes)
+        row("NVMe->GPU staging", gbs, base, f"engine={name}, O_DIRECT; vs {base_note}; target >= 0.9x")
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        print(f"ROW|NVMe->GPU staging|FAILED|-|-|{type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    if not args.keep:
+        os.unlink(path)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("copy", "nvme"))
+    parser.add_argument("--dir", default=os.environ.get("GDSKV_GPU_DIR", "bench-out/gpu"))
+    parser.add_argument("--gib", type=float, default=float(os.environ.get("GDSKV_GPU_GIB", "4")))
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    {"copy": stage_copy, "nvme": stage_nvme}[args.stage](args)
+
+
+if __name__ == "__main__":
+    main()

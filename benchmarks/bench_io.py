@@ -1,0 +1,381 @@
+"""Does the SSD data path run at the device's speed? gdskv's backends x I/O engines against fio.
+
+For each engine x backend, through the backend API (the layer that puts objects on NVMe):
+
+- write N objects of each size (256 KiB, 2 MiB, 16 MiB by default; ``--size`` bytes of
+  each), in batches as the offloader does, durably (the backend's fsyncs included);
+- cold-read them all in random order, ``--qd`` objects per batch (O_DIRECT, so nothing
+  comes from the page cache; a buffered engine's files are dropped from it first);
+- 4 KiB random reads of ``--rand-objects`` small objects, 64 per batch (``--rand-qd``).
+
+In the same run fio measures the same block size, queue depth and filesystem (io_uring,
+O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio of fio's.
+Every repeat runs fio and each engine x backend, in an order rotated from one repeat to
+the next, and the table shows medians, so the ratios hold on a disk whose speed drifts
+(shared virtual disks do).
+Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
+4 KiB path >= 0.5x fio's IOPS. fio is installed from the distribution's packages when it is
+missing (``--no-fio-install`` skips that); without it only absolute numbers are printed.
+
+Values are written from a 64-byte-aligned arena, like the DRAM tier's; reads land in
+buffers aligned as ``--out-align`` says (default 64 bytes, like numpy arrays), so the
+engines' bounce path is what is measured.
+
+    python benchmarks/bench_io.py --size 1GiB --dir /var/tmp/gdskv-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from gdskv.config import format_size, parse_size
+from gdskv.errors import GdskvError
+from gdskv.gds import make_engine
+from gdskv.gds.probe import fs_type
+from gdskv.tiers.backends import make_backend
+from gdskv.tiers.backends.record import checksum
+
+MiB = 1 << 20
+TARGET_LARGE = 0.9
+TARGET_SMALL = 0.5
+
+
+# --------------------------------------------------------------------------- fio
+
+
+def ensure_fio(install: bool) -> Optional[str]:
+    """Path of fio, installing the distribution's package first if asked and possible."""
+    found = shutil.which("fio")
+    if found or not install:
+        return found
+    apt = shutil.which("apt-get")
+    if apt and os.geteuid() == 0:
+        print("# fio not found: apt-get install -y fio", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run([apt, "install", "-y", "-q", "fio"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not shutil.which("fio"):  # stale package lists
+            subprocess.run([apt, "update", "-q"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run([apt, "install", "-y", "-q", "fio"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return shutil.which("fio")
+
+
+def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None) -> float:
+    """One fio job over a file of ``size`` bytes; returns bytes/s, or IOPS for 4 KiB blocks.
+    ``ios`` stops it after that many I/Os (the same count gdskv does)."""
+    target = directory / "fio.dat"
+    if rw == "write" and target.exists():
+        target.unlink()  # a fresh file for every write run, as the backends write fresh files
+    cmd = [
+        fio, "--name=gdskv", f"--filename={target}", f"--size={size}", f"--bs={bs}", f"--rw={rw}",
+        f"--iodepth={qd}", "--ioengine=io_uring", f"--direct={int(direct)}", "--output-format=json",
+        "--randrepeat=0", "--group_reporting",
+    ]
+    if rw == "write":
+        cmd.append("--end_fsync=1")
+    if ios:
+        cmd.append(f"--number_ios={ios}")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"fio failed: {done.stderr.strip() or done.stdout.strip()}")
+    job = json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]
+    side = job["write" if rw == "write" else "read"]
+    return float(side["iops"]) if bs == 4096 else float(side["bw_bytes"])
+
+
+# --------------------------------------------------------------------------- gdskv side
+
+
+class Arena:
+    """Values at 64-byte-aligned (not page-aligned) offsets of one allocation, like DRAM's."""
+
+    def __init__(self, count: int, size: int, seed: int) -> None:
+        self.stride = -(-size // 64) * 64 + 64
+        self.map = mmap.mmap(-1, self.stride * count + 4096)
+        self.arr = np.frombuffer(self.map, dtype=np.uint8)
+        self.size = size
+        rng = np.random.default_rng(seed)
+        self.arr[:] = rng.integers(0, 256, self.arr.size, dtype=np.uint8)
+
+    def view(self, i: int) -> memoryview:
+        start = 64 + i * self.stride  # 64 bytes past a page boundary for i = 0
+        return memoryview(self.arr[start : start + self.size])
+
+
+def out_buffers(count: int, size: int, align: str) -> List[memoryview]:
+    """Destination buffers, page-aligned or 64 bytes past a page boundary."""
+    pad = 0 if align == "page" else 64
+    stride = -(-(size + pad) // 4096) * 4096
+    area = mmap.mmap(-1, stride * count)
+    return [memoryview(area)[i * stride + pad : i * stride + pad + size] for i in range(count)]
+
+
+def drop_cache(directory: Path) -> None:
+    """Evict a buffered engine's files from the page cache (O_DIRECT needs nothing)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def open_backend(name: str, directory: Path, engine, capacity: int):
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    backend = make_backend(name, directory, engine, capacity=capacity, eviction="fifo", verify_on_open="index")
+    backend.recover()
+    return backend
+
+
+def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int) -> float:
+    """Write every object in batches of about ``batch_bytes``; returns bytes/s."""
+    items = [(k, arena.view(i), 0) for i, k in enumerate(keys)]
+    items = [(k, v, checksum(k, v)) for k, v, _ in items]
+    per_batch = max(1, batch_bytes // arena.size)
+    t0 = time.perf_counter()
+    for start in range(0, len(items), per_batch):
+        evicted = backend.write(items[start : start + per_batch])
+        if evicted:
+            raise RuntimeError("the benchmark's NVMe capacity is too small: objects were evicted")
+    return len(items) * arena.size / (time.perf_counter() - t0)
+
+
+def gdskv_read(backend, keys: Sequence[bytes], size: int, qd: int, outs: List[memoryview], seed: int) -> float:
+    """Read every object once, in random order, ``qd`` per batch; returns bytes/s."""
+    order = list(keys)
+    random.Random(seed).shuffle(order)
+    t0 = time.perf_counter()
+    for start in range(0, len(order), qd):
+        batch = order[start : start + qd]
+        got = backend.read_batch(list(zip(batch, outs)))
+        if any(n != size for n in got):
+            raise RuntimeError("a read missed or failed verification")
+    return len(order) * size / (time.perf_counter() - t0)
+
+
+def gdskv_rand4k(backend, keys: Sequence[bytes], ops: int, qd: int, outs: List[memoryview], seed: int) -> float:
+    """``ops`` reads of random 4 KiB objects, ``qd`` per batch; returns IOPS."""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    done = 0
+    while done < ops:
+        batch = [keys[rng.randrange(len(keys))] for _ in range(min(qd, ops - done))]
+        got = backend.read_batch(list(zip(batch, outs)))
+        if any(n != 4096 for n in got):
+            raise RuntimeError("a 4 KiB read missed or failed verification")
+        done += len(batch)
+    return done / (time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def rotated(items: Sequence, shift: int) -> list:
+    shift %= max(1, len(items))
+    return list(items[shift:]) + list(items[:shift])
+
+
+def open_engines(names: Sequence[str], base: Path) -> Dict[str, object]:
+    """The engines to measure, O_DIRECT where the filesystem allows; unavailable ones are
+    reported and skipped."""
+    engines = {}
+    for name in names:
+        try:
+            engine = make_engine(name, direct=True, directory=base)
+        except (GdskvError, OSError) as exc:
+            print(f"# engine {name}: unavailable ({exc}); skipped")
+            continue
+        engines[name] = engine
+        described = engine.describe()
+        print(f"# engine {name}: " + ", ".join(f"{k}={v}" for k, v in described.items() if k != "name"))
+    return engines
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{cpu}, {os.cpu_count()} cores, {format_size(mem)} RAM, Linux {platform.release()}"
+
+
+def device_of(directory: Path) -> str:
+    dev = os.stat(directory).st_dev
+    name = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            if fields[2] == name:
+                return fields[fields.index("-") + 2]
+    except (OSError, ValueError, IndexError):
+        pass
+    return name
+
+
+def median(values: List[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt_rate(value: float, small: bool) -> str:
+    return f"{value / 1000:.1f}k IOPS" if small else f"{value / MiB:.0f} MiB/s"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir in /var/tmp)")
+    p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB)")
+    p.add_argument("--sizes", default="256KiB,2MiB,16MiB", help="object sizes (default 256KiB,2MiB,16MiB)")
+    p.add_argument("--engines", default="uring,psync")
+    p.add_argument("--backends", default="bucket,offset,file_per_key")
+    p.add_argument("--qd", type=int, default=16, help="objects per read batch for large objects (default 16)")
+    p.add_argument("--batch", default="64MiB", help="bytes per write batch (default 64MiB, the bucket size)")
+    p.add_argument("--rand-objects", type=int, default=8192, help="4 KiB objects for random reads (default 8192)")
+    p.add_argument("--rand-ops", type=int, default=40000, help="4 KiB reads per run (default 40000)")
+    p.add_argument("--rand-qd", type=int, default=64, help="4 KiB reads per batch (default 64)")
+    p.add_argument("--out-align", choices=("64", "page"), default="64", help="alignment of read buffers (default 64)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is printed (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
+    args = p.parse_args(argv)
+
+    total = parse_size(args.size, field="--size")
+    sizes = [parse_size(s, field="--sizes") for s in args.sizes.split(",")]
+    batch_bytes = parse_size(args.batch, field="--batch")
+    engine_names = args.engines.split(",")
+    backends = args.backends.split(",")
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gdskv-bench-io-", dir="/var/tmp"))
+    base.mkdir(parents=True, exist_ok=True)
+    fio = ensure_fio(not args.no_fio_install)
+
+    print("# bench_io: gdskv backends x I/O engines against fio")
+    print(f"# machine: {machine()}")
+    print(f"# filesystem: {fs_type(base)} on {device_of(base)} at {base}")
+    fio_version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip() if fio else None
+    print(f"# fio: {fio_version or 'not available: absolute numbers only, no ratios'}")
+    print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}")
+    print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
+          f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
+
+    engines = open_engines(engine_names, base)
+    capacity = max(sizes) * 4 + total * 2 + args.rand_objects * 16384
+    fio_dir = base / "fio"
+    fio_dir.mkdir(exist_ok=True)
+    samples: Dict[tuple, List[float]] = {}
+    # What one repeat runs: fio, then each engine x backend; every repeat starts one step
+    # further along this list, so no run always follows the same neighbour (a big write
+    # leaves the disk busy flushing for a while).
+    runs = ([("fio", "")] if fio else []) + [(e, b) for e in engines for b in backends]
+
+    def add(key: tuple, value: float) -> None:
+        samples.setdefault(key, []).append(value)
+
+    try:
+        # Large objects. Every repeat measures fio and every engine x backend, so that
+        # each ratio compares figures taken minutes apart at most (the disk's speed drifts).
+        for size in sizes:
+            n = max(1, total // size)
+            arena = Arena(n, size, args.seed + size)
+            keys = [f"obj-{size}-{i}".encode() for i in range(n)]
+            outs = out_buffers(args.qd, size, args.out_align)
+            for r in range(args.repeat):
+                for engine_name, backend_name in rotated(runs, r):
+                    if engine_name == "fio":
+                        add(("fio", "write", size), fio_run(fio, fio_dir, rw="write", bs=size, qd=args.qd, size=n * size, direct=True))
+                        add(("fio", "read", size), fio_run(fio, fio_dir, rw="randread", bs=size, qd=args.qd, size=n * size, direct=True))
+                    else:
+                        engine = engines[engine_name]
+                        work = base / f"{engine_name}-{backend_name}"
+                        backend = open_backend(backend_name, work, engine, capacity)
+                        try:
+                            add((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes))
+                            if not engine.direct:
+                                drop_cache(work)
+                            add((engine_name, backend_name, "read", size), gdskv_read(backend, keys, size, args.qd, outs, args.seed + r))
+                        finally:
+                            backend.close()
+                        shutil.rmtree(work)
+            del arena, outs
+
+        # 4 KiB random reads: one data set per engine x backend, written once, read each repeat.
+        rand_size = args.rand_objects * 4096
+        arena = Arena(args.rand_objects, 4096, args.seed)
+        keys = [f"small-{i}".encode() for i in range(args.rand_objects)]
+        outs = out_buffers(args.rand_qd, 4096, args.out_align)
+        small = {}
+        for engine_name, engine in engines.items():
+            for backend_name in backends:
+                work = base / f"small-{engine_name}-{backend_name}"
+                backend = small[(engine_name, backend_name)] = open_backend(backend_name, work, engine, capacity)
+                gdskv_write(backend, arena, keys, batch_bytes)
+                if not engine.direct:
+                    drop_cache(work)
+        if fio:
+            fio_run(fio, fio_dir, rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size, direct=True)
+        for r in range(args.repeat):
+            for engine_name, backend_name in rotated(runs, r):
+                if engine_name == "fio":
+                    add(("fio", "rand", 4096), fio_run(fio, fio_dir, rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, direct=True, ios=args.rand_ops))
+                else:
+                    backend = small[(engine_name, backend_name)]
+                    add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
+        for backend in small.values():
+            backend.close()
+    finally:
+        for engine in engines.values():
+            engine.close()
+        shutil.rmtree(fio_dir, ignore_errors=True)
+
+    rows = []
+    for engine_name in engines:
+        for backend_name in backends:
+            for size in sizes:
+                n = max(1, total // size)
+                for op in ("write", "read"):
+                    value = median(samples[(engine_name, backend_name, op, size)])
+                    ref = median(samples[("fio", op, size)]) if fio else None
+                    rows.append((engine_name, backend_name, size, op, n, value, ref))
+            value = median(samples[(engine_name, backend_name, "rand", 4096)])
+            ref = median(samples[("fio", "rand", 4096)]) if fio else None
+            rows.append((engine_name, backend_name, 4096, "rand read", args.rand_ops, value, ref))
+
+    print()
+    head = f"{'engine':<7} {'backend':<13} {'object':>8} {'op':<10} {'count':>6} {'gdskv':>14} {'fio':>14} {'ratio':>6}  target"
+    print(head)
+    print("-" * len(head))
+    for engine_name, backend_name, size, op, n, value, fio_value in rows:
+        small = op == "rand read"
+        ratio = value / fio_value if fio_value else None
+        target = TARGET_SMALL if small else (TARGET_LARGE if size >= MiB and engine_name == "uring" else None)
+        verdict = "" if target is None or ratio is None else f">= {target:.1f}x {'met' if ratio >= target else 'MISSED'}"
+        print(
+            f"{engine_name:<7} {backend_name:<13} {format_size(size):>8} {op:<10} {n:>6} {fmt_rate(value, small):>14} "
+            f"{fmt_rate(fio_value, small) if fio_value else '-':>14} {f'{ratio:.2f}x' if ratio is not None else '-':>6}  {verdict}"
+        )
+    if not args.dir:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

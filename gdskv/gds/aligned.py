@@ -1,0 +1,187 @@
+"""Aligned memory and the O_DIRECT rules every engine follows.
+
+A file opened with ``O_DIRECT`` moves bytes between the device and user memory without the
+page cache, and the kernel then insists that the file offset, the transfer length and every
+buffer's address and length are multiples of the device's block size. gdskv uses
+:data:`DIRECT_ALIGN` (4 KiB, a multiple of every common logical block size).
+
+Callers never manage alignment. An engine looks at each request:
+
+- the file is not ``O_DIRECT`` (:func:`is_direct_fd`), or the request already obeys the
+  rules (:func:`is_aligned`): the user's buffers are used as they are, zero-copy;
+- otherwise the engine moves the *aligned span* around the request (:func:`span`) through
+  staging memory it allocated once (:func:`alloc_aligned`); :mod:`gdskv.gds.bounce` plans
+  that transfer.
+
+Helpers to open files: :func:`open_file` adds ``O_DIRECT`` when asked and falls back to
+buffered I/O on a filesystem that refuses it (ramfs, some FUSE and network filesystems).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import mmap
+import os
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+#: Alignment of offsets, lengths and addresses for O_DIRECT transfers.
+DIRECT_ALIGN = 4096
+#: Most iovecs one vectored call accepts (Linux IOV_MAX).
+IOV_MAX = 1024
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def align_down(n: int, alignment: int = DIRECT_ALIGN) -> int:
+    return n - n % alignment
+
+
+def align_up(n: int, alignment: int = DIRECT_ALIGN) -> int:
+    return -(-n // alignment) * alignment
+
+
+class AlignedBuffer:
+    """Page-aligned anonymous memory, allocated once, zero-filled lazily by the kernel.
+
+    ``view`` is a writable byte memoryview of the whole buffer. ``close()`` unmaps it once
+    no view is alive (a live view keeps the mapping until it is released).
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            raise ValueError("aligned buffer size must be positive")
+        self.nbytes = align_up(nbytes, mmap.PAGESIZE)
+        self._map: Optional[mmap.mmap] = mmap.mmap(-1, self.nbytes)
+        self.view = memoryview(self._map)
+
+    def close(self) -> None:
+        if self._map is None:
+            return
+        self.view.release()
+        try:
+            self._map.close()
+        except BufferError:
+            return  # a caller still holds a view; the mapping goes when it does
+        self._map = None
+
+
+def alloc_aligned(nbytes: int) -> AlignedBuffer:
+    """Allocate ``nbytes`` (rounded up to whole pages) of page-aligned memory."""
+    return AlignedBuffer(nbytes)
+
+
+def address_of(buf: memoryview) -> int:
+    """The address of the first byte of ``buf``."""
+    if not buf.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+
+
+def is_direct_fd(fd: int) -> bool:
+    """Whether ``fd`` was opened with ``O_DIRECT`` (and so needs aligned transfers)."""
+    return bool(O_DIRECT) and bool(fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT)
+
+
+def is_aligned(offset: int, buffers: Sequence[memoryview], alignment: int = DIRECT_ALIGN) -> bool:
+    """Whether a transfer at ``offset`` over ``buffers`` obeys the O_DIRECT rules as is."""
+    if offset % alignment or len(buffers) > IOV_MAX:
+        return False
+    for b in buffers:
+        if b.nbytes % alignment or address_of(b) % alignment:
+            return False
+    return True
+
+
+def span(offset: int, nbytes: int, alignment: int = DIRECT_ALIGN) -> Tuple[int, int]:
+    """The aligned ``[lo, hi)`` file range that covers ``[offset, offset + nbytes)``."""
+    return align_down(offset, alignment), align_up(offset + nbytes, alignment)
+
+
+def chunks(lo: int, hi: int, chunk: int) -> Iterator[Tuple[int, int]]:
+    """Split the aligned range ``[lo, hi)`` into aligned pieces of at most ``chunk`` bytes."""
+    pos = lo
+    while pos < hi:
+        end = min(pos + chunk, hi)
+        yield pos, end
+        pos = end
+
+
+def gather(buffers: Sequence[memoryview], start: int, dst: memoryview) -> None:
+    """Copy bytes ``[start, start + len(dst))`` of the concatenated ``buffers`` into ``dst``."""
+    _copy(buffers, start, dst, into_buffers=False)
+
+
+def scatter(src: memoryview, buffers: Sequence[memoryview], start: int) -> None:
+    """Copy ``src`` into bytes ``[start, start + len(src))`` of the concatenated ``buffers``."""
+    _copy(buffers, start, src, into_buffers=True)
+
+
+def slices(buffers: Sequence[memoryview], start: int, nbytes: int) -> List[memoryview]:
+    """Views of bytes ``[start, start + nbytes)`` of the concatenated ``buffers`` (no copy)."""
+    out: List[memoryview] = []
+    pos = 0
+    end = start + nbytes
+    for b in buffers:
+        n = b.nbytes
+        lo, hi = max(start - pos, 0), min(end - pos, n)
+        if lo < hi:
+            out.append(b[lo:hi])
+        pos += n
+        if pos >= end:
+            break
+    return out
+
+
+def _copy(buffers: Sequence[memoryview], start: int, flat: memoryview, *, into_buffers: bool) -> None:
+    want = flat.nbytes
+    if len(buffers) == 1:  # the common case, without the walk
+        if into_buffers:
+            buffers[0][start : start + want] = flat
+        else:
+            flat[:] = buffers[0][start : start + want]
+        return
+    pos = 0  # position of the current buffer in the concatenation
+    done = 0
+    for b in buffers:
+        n = b.nbytes
+        if pos + n <= start:
+            pos += n
+            continue
+        lo = max(start + done - pos, 0)
+        take = min(n - lo, want - done)
+        if into_buffers:
+            b[lo : lo + take] = flat[done : done + take]
+        else:
+            flat[done : done + take] = b[lo : lo + take]
+        done += take
+        pos += n
+        if done == want:
+            return
+    if done != want:
+        raise ValueError("copy range outside the buffers")
+
+
+def preallocate(fd: int, nbytes: int) -> None:
+    """Reserve ``nbytes`` for a new file about to be written with O_DIRECT.
+
+    Filesystems serialise O_DIRECT writes that extend a file (ext4 makes them synchronous
+    under the inode lock), so a batch of them runs at queue depth one; writes inside a
+    preallocated file run concurrently. Buffered files need nothing. Raises OSError
+    (ENOSPC when the filesystem is full)."""
+    if nbytes > 0 and is_direct_fd(fd):
+        os.posix_fallocate(fd, 0, nbytes)
+
+
+def open_file(path: "str | os.PathLike[str]", flags: int, mode: int = 0o644, *, direct: bool) -> Tuple[int, bool]:
+    """Open ``path``; with ``direct``, try ``O_DIRECT`` first and fall back to buffered I/O
+    when the filesystem refuses it (EINVAL). Returns ``(fd, opened_direct)``."""
+    if direct and O_DIRECT:
+        try:
+            return os.open(path, flags | O_DIRECT, mode), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+    return os.open(path, flags, mode), False

@@ -1,0 +1,102 @@
+"""Bounce plans: move an O_DIRECT request that breaks the alignment rules through staging.
+
+A :class:`Bounce` covers one request. Its *aligned span* ``[lo, hi)`` (the request rounded
+out to 4 KiB blocks) is cut into chunks of at most the engine's staging chunk size; each
+chunk is one aligned transfer between the file and a staging buffer the engine allocated
+once. Per chunk:
+
+- a read transfers the chunk into staging, then :meth:`Bounce.drain` copies the part the
+  caller asked for into the caller's buffers; the chunk is complete once the bytes up to
+  the request's end are in (a read may stop at end of file past that point);
+- a write first calls :meth:`Bounce.fill`: blocks the request covers only partly are read
+  from the file (read-modify-write; past end of file they are zeros), the caller's bytes are
+  copied over them, and the whole chunk is written. A last block that is only partly
+  covered and lies past the end of the file is not padded (that would make the file
+  longer than asked): :meth:`Bounce.finish` writes the caller's bytes of it through a
+  second, buffered descriptor of the same file (the kernel keeps buffered and direct I/O of
+  one file coherent, and an fsync of either descriptor makes both durable).
+
+Engines differ only in how they run the chunk transfers (one after another on a pool thread,
+or all at once on an io_uring).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Tuple
+
+from gdskv.gds.aligned import DIRECT_ALIGN, chunks, gather, scatter, slices, span
+from gdskv.gds.engine import IoOp, IoRequest
+
+
+class Bounce:
+    """The chunked, aligned form of one unaligned request on an O_DIRECT file."""
+
+    __slots__ = ("request", "offset", "end", "lo", "hi", "pieces", "tail")
+
+    def __init__(self, request: IoRequest, chunk_bytes: int, nbytes: Optional[int] = None) -> None:
+        self.request = request
+        self.offset = request.offset
+        if nbytes is None:
+            nbytes = request.nbytes
+        self.end = request.offset + nbytes
+        self.lo, self.hi = span(self.offset, nbytes)
+        #: Bytes ``[start, end)`` written buffered by :meth:`finish` (a partial last block
+        #: past the end of the file), or None.
+        self.tail: Optional[Tuple[int, int]] = None
+        direct_hi = self.hi
+        if request.op is IoOp.WRITE and self.end % DIRECT_ALIGN and self.hi > os.fstat(request.fd).st_size:
+            direct_hi = self.hi - DIRECT_ALIGN
+            self.tail = (max(self.offset, direct_hi), self.end)
+        if direct_hi - self.lo <= chunk_bytes:  # the common case: one chunk
+            self.pieces: List[Tuple[int, int]] = [(self.lo, direct_hi)] if direct_hi > self.lo else []
+        else:
+            self.pieces = list(chunks(self.lo, direct_hi, chunk_bytes))
+
+    def need(self, c_lo: int, c_hi: int) -> int:
+        """Bytes of chunk ``[c_lo, c_hi)`` a read must obtain: up to the request's end."""
+        return min(c_hi, self.end) - c_lo
+
+    def fill(self, c_lo: int, c_hi: int, staging: memoryview) -> None:
+        """Prepare staging for writing chunk ``[c_lo, c_hi)`` (``staging`` is that long)."""
+        fd = self.request.fd
+        for block in _edge_blocks(self.offset, self.end, c_lo, c_hi):
+            view = staging[block - c_lo : block - c_lo + DIRECT_ALIGN]
+            got = os.preadv(fd, [view], block)
+            if got < DIRECT_ALIGN:
+                view[got:] = bytes(DIRECT_ALIGN - got)
+        a, b = max(c_lo, self.offset), min(c_hi, self.end)
+        gather(self.request.buffers, a - self.offset, staging[a - c_lo : b - c_lo])
+
+    def drain(self, c_lo: int, c_hi: int, staging: memoryview) -> None:
+        """Copy the requested part of read chunk ``[c_lo, c_hi)`` out of staging."""
+        a, b = max(c_lo, self.offset), min(c_hi, self.end)
+        scatter(staging[a - c_lo : b - c_lo], self.request.buffers, a - self.offset)
+
+    def finish(self) -> None:
+        """After the chunks of a write: write the unpadded tail, if any (buffered)."""
+        if self.tail is None:
+            return
+        start, end = self.tail
+        buffers = slices(self.request.buffers, start - self.offset, end - start)
+        fd = os.open(f"/proc/self/fd/{self.request.fd}", os.O_WRONLY)
+        try:
+            done = 0
+            while buffers:
+                n = os.pwritev(fd, buffers, start + done)
+                if n == 0:
+                    raise OSError(5, "write made no progress")
+                done += n
+                buffers = slices(buffers, n, end - start - done)
+        finally:
+            os.close(fd)
+
+
+def _edge_blocks(offset: int, end: int, c_lo: int, c_hi: int) -> List[int]:
+    """Blocks of chunk ``[c_lo, c_hi)`` that a write of ``[offset, end)`` covers partly."""
+    out = []
+    if c_lo < offset:
+        out.append(c_lo)
+    if c_hi > end and (c_hi - DIRECT_ALIGN) not in out:
+        out.append(c_hi - DIRECT_ALIGN)
+    return out

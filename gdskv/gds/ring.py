@@ -1,0 +1,486 @@
+"""One io_uring and its staging memory: the working part of the ``uring`` engine.
+
+A :class:`Ring` belongs to the thread that created it (the engine keeps one per thread), so
+submissions from different threads never share a lock. Its lock only orders the rare case
+of another thread driving it (an ``await`` on a future, run on an executor thread).
+
+Work is cut into *ops*, one submission queue entry each:
+
+- a *direct* op transfers straight between the file and the caller's buffers — the file is
+  buffered, or the request already obeys the O_DIRECT rules;
+- a *bounce* op moves one chunk of an unaligned O_DIRECT request (:mod:`gdskv.gds.bounce`)
+  through one slot of the staging memory: ``slots`` chunks of ``chunk_bytes``, allocated
+  page-aligned once and registered with the kernel as a fixed buffer (reads and writes then
+  use ``READV_FIXED``/``WRITEV_FIXED`` where the kernel has them).
+
+Each op points a reusable ``Iovec`` (:mod:`gdskv.gds.iovec`) at its memory; ops wait in a backlog while the ring is full (``depth`` in flight) or no staging slot is
+free, so a batch of any size and any request size works with bounded memory. Completions
+are reaped with ``CqeIter`` (one entry at a time, ``cqe[0]``). The ``liburing`` wrapper
+holds the GIL inside blocking calls, so the ring never blocks in it: waiting is a
+``poll()`` on the ring's file descriptor, which releases the GIL.
+
+A short transfer is resumed where it stopped; a transfer that makes no progress before the
+bytes the caller asked for raises :class:`IoError` with path, offset and lengths, as does
+any error the kernel returns. A request's future resolves only once none of its ops is in
+flight any more, so no buffer is released while the kernel may still write into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import select
+import threading
+import time
+from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
+
+from gdskv.errors import IoError, StoreClosedError
+from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, alloc_aligned, is_aligned, is_direct_fd, slices
+from gdskv.gds.bounce import Bounce
+from gdskv.gds.engine import IoFuture, IoOp, IoRequest
+from gdskv.gds.iovec import Template
+
+#: Upper bound of one poll() while waiting, so a completion reaped by another driver of
+#: the same ring can never leave a waiter asleep for long.
+_POLL_MS = 50
+#: Bytes of completions handled (and copied out of staging) between two refills of the
+#: submission queue, and bytes of entries prepared (and copied into staging) before they
+#: are handed to the kernel while more are prepared: the device never waits on a long copy,
+#: and small requests still go in one system call per batch.
+_REFILL_BYTES = 1 << 20
+
+
+class RingFuture(IoFuture):
+    """Completion of one batch submitted to a :class:`Ring`; waiting drives the ring."""
+
+    def __init__(self, ring: "Ring", count: int) -> None:
+        self._ring = ring
+        self._values: List[Union[int, BaseException, None]] = [None] * count
+        self._pending = count
+        self._order: List[int] = []  # indices in the order they resolved
+
+    def _resolve(self, index: int, value: Union[int, BaseException]) -> None:
+        self._values[index] = value
+        self._pending -= 1
+        self._order.append(index)
+
+    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = 0
+        while True:
+            while seen < len(self._order):
+                index = self._order[seen]
+                seen += 1
+                yield index, self._values[index]  # type: ignore[misc]
+            if not self._pending:
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"{self._pending} I/O requests still in flight")
+            self._ring.wait(self, remaining, resolved=seen)
+
+    def done(self) -> bool:
+        if self._pending:
+            self._ring.wait(self, 0)
+        return self._pending == 0
+
+    def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
+        if self._pending:
+            self._ring.wait(self, timeout)
+        if self._pending:
+            raise TimeoutError(f"{self._pending} I/O requests still in flight")
+        return list(self._values)  # type: ignore[arg-type]
+
+    def result(self, timeout: Optional[float] = None) -> List[int]:
+        out = self.outcomes(timeout)
+        for value in out:
+            if isinstance(value, BaseException):
+                raise value
+        return out  # type: ignore[return-value]
+
+    def __await__(self) -> Generator[Any, None, List[int]]:
+        if not self.done():
+            loop = asyncio.get_running_loop()
+            yield from loop.run_in_executor(None, self._ring.wait, self, None).__await__()
+        return self.result(0)
+
+
+class _Req:
+    """One request of a batch: its ops, first error, and where its result goes."""
+
+    __slots__ = ("future", "index", "request", "nbytes", "pending", "error", "bounce")
+
+    def __init__(self, future: RingFuture, index: int, request: IoRequest) -> None:
+        self.future = future
+        self.index = index
+        self.request = request
+        self.nbytes = 0
+        self.pending = 0
+        self.error: Optional[BaseException] = None
+        self.bounce: Optional[Bounce] = None
+
+
+class _Op:
+    """One submission: a direct transfer or one bounced chunk."""
+
+    __slots__ = ("req", "offset", "length", "need", "done", "buffers", "c_lo", "c_hi", "slot", "iov")
+
+    def __init__(self, req: _Req, offset: int, length: int, need: int, buffers: Optional[List[memoryview]]) -> None:
+        self.req = req
+        self.offset = offset  # file offset of the transfer's first byte
+        self.length = length  # bytes the transfer moves
+        self.need = need  # bytes that must arrive before the op is complete
+        self.done = 0
+        self.buffers = buffers  # direct: the caller's views; bounce: None
+        self.c_lo = offset
+        self.c_hi = offset + length
+        self.slot: Optional[int] = None
+        self.iov: Optional[Template] = None  # held until completion
+
+
+class Ring:
+    """An io_uring of ``depth`` entries with ``slots`` staging chunks. See the module docstring."""
+
+    def __init__(self, lib: Any, *, depth: int, slots: int, chunk_bytes: int, fixed: bool, split_bytes: int = 1 << 20) -> None:
+        self._L = lib
+        self.depth = depth
+        self.chunk_bytes = chunk_bytes
+        #: Direct transfers larger than this go as several entries of this size (aligned).
+        self.split_bytes = max(split_bytes, chunk_bytes)
+        self.closed = False
+        #: Set when io_uring_enter failed outright; the engine then builds a new ring.
+        self.broken = False
+        self._lock = threading.Lock()
+        self._ring = lib.Ring()
+        try:
+            lib.io_uring_queue_init(depth, self._ring)
+        except OSError as exc:
+            raise IoError(f"io_uring setup failed: {exc.strerror}", errno=exc.errno, depth=depth) from exc
+        self._staging: Optional[AlignedBuffer] = alloc_aligned(slots * chunk_bytes)
+        self._staging_addr = address_of(self._staging.view)
+        self._slot_views = [self._staging.view[i * chunk_bytes : (i + 1) * chunk_bytes] for i in range(slots)]
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self._templates: Dict[int, List[Template]] = {}
+        self.fixed = False
+        if fixed:
+            whole = Template(lib, 1)
+            whole.point(self._staging_addr, self._staging.nbytes)
+            try:
+                lib.io_uring_register_buffers(self._ring, whole.obj)
+                self.fixed = True
+            except OSError:  # e.g. RLIMIT_MEMLOCK too small: plain vectored I/O on staging
+                self.fixed = False
+        self._cqe = lib.Cqe()
+        self._backlog: Deque[_Op] = collections.deque()
+        self._inflight: Dict[int, _Op] = {}
+        self._unsubmitted = 0
+        self._unsubmitted_bytes = 0
+        self._next_id = 1
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, requests: Sequence[IoRequest]) -> RingFuture:
+        future = RingFuture(self, len(requests))
+        direct_fds: Dict[int, bool] = {}  # one fcntl per file and batch, not per request
+        with self._lock:
+            if self.closed:
+                raise StoreClosedError("io_uring is closed")
+            if self.broken:
+                raise IoError("io_uring is unusable after a failed submission")
+            for index, request in enumerate(requests):
+                req = _Req(future, index, request)
+                try:
+                    ops = self._plan(req, direct_fds)
+                except OSError as exc:
+                    future._resolve(index, _io_error(request, request.offset, exc))
+                    continue
+                if not ops:  # nothing to transfer, or less than a block past end of file
+                    try:
+                        if req.bounce is not None:
+                            req.bounce.finish()
+                        future._resolve(index, req.nbytes)
+                    except OSError as exc:
+                        future._resolve(index, _io_error(request, request.offset, exc))
+                    continue
+                req.pending = len(ops)
+                self._backlog.extend(ops)
+            self._pump()
+        return future
+
+    def _plan(self, req: _Req, direct_fds: Dict[int, bool]) -> List[_Op]:
+        r = req.request
+        buffers = r.buffers
+        nbytes = req.nbytes = buffers[0].nbytes if len(buffers) == 1 else sum(b.nbytes for b in buffers)
+        if nbytes == 0:
+            return []
+        direct = direct_fds.get(r.fd)
+        if direct is None:
+            direct = direct_fds[r.fd] = is_direct_fd(r.fd)
+        if len(buffers) <= IOV_MAX and (not direct or is_aligned(r.offset, buffers)):
+            if nbytes <= self.split_bytes:
+                return [_Op(req, r.offset, nbytes, nbytes, list(buffers))]
+            # Large transfers go as several entries, so one batch keeps the device busy
+            # evenly instead of waiting on its last, largest request.
+            ops = []
+            for start in range(0, nbytes, self.split_bytes):
+                n = min(self.split_bytes, nbytes - start)
+                ops.append(_Op(req, r.offset + start, n, n, slices(buffers, start, n)))
+            return ops
+        plan = req.bounce = Bounce(r, self.chunk_bytes, nbytes)
+        if r.op is IoOp.READ:
+            return [_Op(req, c_lo, c_hi - c_lo, plan.need(c_lo, c_hi), None) for c_lo, c_hi in plan.pieces]
+        return [_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None) for c_lo, c_hi in plan.pieces]
+
+    def _pump(self) -> None:
+        """Issue what fits, submit, reap; repeat while reaping freed room. Lock held."""
+        if self.broken:
+            while self._backlog:
+                self._fail_op(self._backlog.popleft(), IoError("io_uring is unusable after a failed submission"))
+            self._reap()
+            return
+        while True:
+            self._issue()
+            if self._unsubmitted:
+                self._submit()
+            # A few completions at a time, so freed slots are refilled and resubmitted
+            # before the device runs dry while staging is copied out.
+            if not self._reap(_REFILL_BYTES):
+                return
+
+    def _issue(self) -> None:
+        L = self._L
+        while self._backlog and len(self._inflight) < self.depth:
+            op = self._backlog[0]
+            req = op.req
+            if req.error is not None:  # an earlier op of this request failed: skip the rest
+                self._backlog.popleft()
+                self._finish_op(op)
+                continue
+            if op.buffers is None and op.slot is None:
+                if not self._free_slots:
+                    return
+                op.slot = self._free_slots.pop()
+                if req.request.op is IoOp.WRITE:
+                    try:
+                        req.bounce.fill(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr]
+                    except OSError as exc:
+                        self._backlog.popleft()
+                        self._fail_op(op, _io_error(req.request, op.c_lo, exc))
+                        continue
+            sqe = L.io_uring_get_sqe(self._ring)
+            if sqe is None:  # submission queue full: hand it to the kernel first
+                self._submit()
+                sqe = L.io_uring_get_sqe(self._ring)
+                if sqe is None:
+                    return
+            self._backlog.popleft()
+            self._prep(sqe, op)
+            self._unsubmitted_bytes += op.length
+            if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
+                self._submit()
+
+    def _prep(self, sqe: Any, op: _Op) -> None:
+        L = self._L
+        reading = op.req.request.op is IoOp.READ
+        fd = op.req.request.fd
+        if op.buffers is not None:
+            iov = op.iov = self._template(len(op.buffers))
+            iov.fill(op.buffers)
+            (L.io_uring_prep_readv if reading else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
+        else:
+            iov = op.iov = self._template(1)
+            iov.point(self._staging_addr + op.slot * self.chunk_bytes + op.done, op.length - op.done)  # type: ignore[operator]
+            if self.fixed:
+                prep = L.io_uring_prep_readv_fixed if reading else L.io_uring_prep_writev_fixed
+                prep(sqe, fd, iov.obj, 0, op.offset + op.done)
+            else:
+                (L.io_uring_prep_readv if reading else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
+        ident = self._next_id
+        self._next_id += 1
+        sqe.user_data = ident
+        self._inflight[ident] = op
+        self._unsubmitted += 1
+
+    def _template(self, count: int) -> Template:
+        capacity = 4 if count <= 4 else 1 << (count - 1).bit_length()
+        pool = self._templates.get(capacity)
+        if pool:
+            return pool.pop()
+        return Template(self._L, capacity)
+
+    def _submit(self) -> None:
+        try:
+            n = self._L.io_uring_submit(self._ring)
+        except (BlockingIOError, InterruptedError):
+            return  # the kernel is short of resources: retried on the next pump
+        except OSError as exc:
+            self._abort_unsubmitted(exc)
+            return
+        self._unsubmitted = max(0, self._unsubmitted - (n or 0))
+        self._unsubmitted_bytes = 0
+
+    def _abort_unsubmitted(self, exc: OSError) -> None:
+        """io_uring_enter failed outright: the ring is unusable and what was queued but not
+        taken by the kernel will never complete. Fail those ops; the engine replaces the ring."""
+        self.broken = True
+        lost = list(self._inflight.items())[-self._unsubmitted :] if self._unsubmitted else []
+        self._unsubmitted = 0
+        for ident, op in lost:
+            del self._inflight[ident]
+            self._fail_op(op, _io_error(op.req.request, op.offset, exc))
+
+    # ------------------------------------------------------------------ completion
+
+    def _reap(self, limit_bytes: int = 1 << 62) -> int:
+        """Handle completions, stopping once about ``limit_bytes`` were transferred."""
+        L = self._L
+        cqe = self._cqe
+        done = []
+        total = 0
+        for _ in L.CqeIter(self._ring, cqe):
+            entry = cqe[0]
+            ident = entry.user_data
+            try:
+                res = entry.res
+            except OSError as exc:
+                res = -(exc.errno or 5)
+            done.append((ident, res))
+            total += res
+            if total >= limit_bytes:
+                break
+        if done:
+            L.io_uring_cq_advance(self._ring, len(done))
+        for ident, res in done:
+            op = self._inflight.pop(ident, None)
+            if op is not None:
+                self._complete(op, res)
+        return len(done)
+
+    def _complete(self, op: _Op, res: int) -> None:
+        req = op.req
+        request = req.request
+        if res < 0:
+            exc = OSError(-res, os.strerror(-res))
+            self._fail_op(op, _io_error(request, op.offset + op.done, exc))
+            return
+        op.done += res
+        if op.done < op.need:
+            if res == 0 or (op.buffers is None and op.done % DIRECT_ALIGN):
+                self._fail_op(
+                    op,
+                    IoError(
+                        f"short {request.op.value}",
+                        path=request.path, offset=request.offset, expected=req.nbytes,
+                        got=max(0, op.offset + op.done - request.offset),
+                    ),
+                )
+                return
+            if op.buffers is not None:
+                op.buffers = _advance(op.buffers, res)
+            self._backlog.appendleft(op)  # resume where it stopped
+            return
+        if op.buffers is None and request.op is IoOp.READ:
+            req.bounce.drain(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr,index]
+        self._finish_op(op)
+
+    def _fail_op(self, op: _Op, exc: BaseException) -> None:
+        if op.req.error is None:
+            op.req.error = exc
+        self._finish_op(op)
+
+    def _finish_op(self, op: _Op) -> None:
+        if op.slot is not None:
+            self._free_slots.append(op.slot)
+            op.slot = None
+        if op.iov is not None:
+            self._templates.setdefault(op.iov.capacity, []).append(op.iov)
+            op.iov = None
+        req = op.req
+        req.pending -= 1
+        if req.pending:
+            return
+        if req.error is None and req.bounce is not None and req.request.op is IoOp.WRITE:
+            try:
+                req.bounce.finish()
+            except OSError as exc:
+                req.error = _io_error(req.request, req.request.offset, exc)
+        req.future._resolve(req.index, req.error if req.error is not None else req.nbytes)
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait(self, future: RingFuture, timeout: Optional[float], resolved: Optional[int] = None) -> None:
+        """Drive the ring until ``future`` resolves (or, given ``resolved``, until more than
+        that many of its requests have) or ``timeout`` seconds pass (0: no wait)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poller = None
+        while True:
+            with self._lock:
+                if not self.closed:
+                    self._pump()
+                if future._pending == 0 or (resolved is not None and len(future._order) > resolved):
+                    return
+                if self.closed or (self.broken and not self._inflight):
+                    raise StoreClosedError("io_uring closed with requests pending")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._ring.ring_fd, select.POLLIN)
+            ms = _POLL_MS if remaining is None else min(_POLL_MS, max(1, int(remaining * 1000)))
+            poller.poll(ms)
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        """Finish what is in flight, then release the ring and its staging. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+        poller = select.poll()
+        poller.register(self._ring.ring_fd, select.POLLIN)
+        while True:
+            with self._lock:
+                self._pump()
+                if not self._inflight and not self._backlog:
+                    self.closed = True
+                    break
+            poller.poll(_POLL_MS)
+        L = self._L
+        if self.fixed:
+            try:
+                L.io_uring_unregister_buffers(self._ring)
+            except OSError:
+                pass
+        L.io_uring_queue_exit(self._ring)
+        self._slot_views = []
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    def __del__(self) -> None:  # a thread's ring whose thread has ended
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing sensible to do
+            pass
+
+
+def _io_error(request: IoRequest, offset: int, exc: OSError) -> IoError:
+    return IoError(
+        f"{request.op.value} failed: {exc.strerror}",
+        path=request.path, offset=offset, length=request.nbytes, errno=exc.errno,
+    )
+
+
+def _advance(buffers: List[memoryview], n: int) -> List[memoryview]:
+    while n and buffers:
+        first = buffers[0]
+        if n >= first.nbytes:
+            n -= first.nbytes
+            buffers = buffers[1:]
+        else:
+            buffers = [first[n:]] + buffers[1:]
+            n = 0
+    return buffers

@@ -1,0 +1,125 @@
+"""The ``uring`` I/O engine: io_uring through the ``liburing`` package (extra ``uring``).
+
+- One :class:`gdskv.gds.ring.Ring` per thread, created on the thread's first submission:
+  threads never share a ring or a lock on the submission path.
+- A batch goes to the kernel in as few ``io_uring_enter`` calls as the queue ``depth``
+  allows (default 64); larger batches and larger requests wait in the ring's backlog.
+- With ``direct=True`` files are opened ``O_DIRECT`` where the filesystem allows it;
+  unaligned requests on them go through staging memory allocated page-aligned once per ring
+  (``slots`` chunks of ``chunk_bytes``) and registered as a fixed buffer.
+- The future of a batch is driven by whoever waits on it (``result()``, ``outcomes()``,
+  ``done()``, or ``await``, which waits on an executor thread).
+
+``liburing`` is imported here only, lazily: :func:`load_liburing` raises
+:class:`EngineUnavailableError` naming the extra to install when it is missing.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Optional, Sequence
+
+from gdskv.errors import ConfigError, StoreClosedError
+from gdskv.gds.engine import IoEngine, IoFuture, IoRequest
+from gdskv.gds.iovec import EngineUnavailableError, check_layout
+from gdskv.gds.ring import Ring
+
+#: Default number of requests in flight per ring.
+DEPTH = 64
+#: Default staging chunk: the largest piece of an unaligned O_DIRECT request per submission.
+CHUNK_BYTES = 256 << 10
+
+#: Version of the ``liburing`` wrapper this engine is written against (pinned by the extra).
+LIBURING_VERSION = "2026.3.30"
+
+
+def load_liburing() -> Any:
+    """Import the ``liburing`` wrapper, or raise :class:`EngineUnavailableError`."""
+    try:
+        import liburing
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            "the uring engine needs the liburing package: pip install 'gdskv[uring]'", cause=str(exc)
+        ) from None
+    return liburing
+
+
+def fixed_ops_supported(lib: Any) -> bool:
+    """Whether the kernel has READV_FIXED/WRITEV_FIXED (vectored I/O on registered buffers)."""
+    try:
+        ops = lib.probe() or {}
+    except OSError:
+        return False
+    return bool(ops.get("IORING_OP_READV_FIXED")) and bool(ops.get("IORING_OP_WRITEV_FIXED"))
+
+
+class UringEngine(IoEngine):
+    """io_uring engine with one ring per thread. See the module docstring."""
+
+    name = "uring"
+
+    def __init__(
+        self,
+        *,
+        depth: int = DEPTH,
+        direct: bool = False,
+        chunk_bytes: int = CHUNK_BYTES,
+        slots: Optional[int] = None,
+    ) -> None:
+        super().__init__(direct=direct)
+        if depth <= 0 or chunk_bytes <= 0 or chunk_bytes % 4096:
+            raise ConfigError("uring needs depth > 0 and a chunk that is a multiple of 4 KiB", depth=depth, chunk_bytes=chunk_bytes)
+        self._lib = load_liburing()
+        check_layout(self._lib)
+        self.depth = depth
+        self.chunk_bytes = chunk_bytes
+        self.slots = slots if slots is not None else depth
+        self.fixed = fixed_ops_supported(self._lib)
+        self._local = threading.local()
+        self._rings: "weakref.WeakSet[Ring]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
+        # Set up (and drop) a small ring now, so a kernel or sandbox that refuses io_uring
+        # fails here, at open, with a clear error rather than at the first I/O; the rings
+        # that do the work (and pin their staging) come with each thread's first submission.
+        Ring(self._lib, depth=2, slots=1, chunk_bytes=4096, fixed=False).close()
+
+    def _ring(self) -> Ring:
+        ring: Optional[Ring] = getattr(self._local, "ring", None)
+        if ring is None or ring.broken:
+            with self._lock:
+                if self._closed:
+                    raise StoreClosedError("I/O engine is closed", engine=self.name)
+                ring = Ring(self._lib, depth=self.depth, slots=self.slots, chunk_bytes=self.chunk_bytes, fixed=self.fixed)
+                self._rings.add(ring)
+            self._local.ring = ring
+        return ring
+
+    def submit(self, requests: Sequence[IoRequest]) -> IoFuture:
+        if self._closed:
+            raise StoreClosedError("I/O engine is closed", engine=self.name)
+        if not requests:
+            return IoFuture.completed([])
+        return self._ring().submit(requests)
+
+    def describe(self) -> dict:
+        with self._lock:
+            rings = len(self._rings)
+            fixed = all(r.fixed for r in self._rings) if rings else self.fixed
+        return {
+            **super().describe(),
+            "depth": self.depth,
+            "chunk_bytes": self.chunk_bytes,
+            "rings": rings,
+            "fixed_buffers": fixed,
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            rings = list(self._rings)
+        for ring in rings:
+            ring.close()

@@ -1,0 +1,223 @@
+"""The background offloader of a :class:`gdskv.Store`: queue, buckets, watermark policy.
+
+Objects go to SSD only from here. ``eager`` offload queues every committed put
+(``_enqueue``); ``watermark`` offload selects the coldest DRAM-only objects when DRAM passes
+its high watermark (``_select_for_offload``). One thread (``_offload_loop``) waits until a
+bucket is due — full by bytes or keys, its oldest object older than ``bucket_max_age_s``,
+or someone waiting (``flush``, a put under back-pressure, ``close``) — takes the batch,
+writes it through the backend *outside* the store lock from pinned DRAM views, and then
+commits (``_finish_batch``: the DRAM copies become evictable) or keeps the batch queued and
+pauses (``_fail_batch``).
+
+This is a mixin: it shares the store's lock, condition, DRAM tier and backend, and only
+:class:`gdskv.store.Store` uses it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import List, Optional
+
+from gdskv.errors import GdskvError, IoError, NoSpaceError
+from gdskv.tiers.backends.record import record_size
+from gdskv.tiers.dram import DramEntry, SsdState
+from gdskv.types import Tier
+
+log = logging.getLogger("gdskv.store")
+
+
+class OffloadMixin:
+    """Offload state machine of the store (see the module docstring)."""
+
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Wait until every queued offload is COMPLETE on SSD.
+
+        With the watermark policy, first queue what the policy selects now (DRAM above the
+        high watermark is offloaded down to the low one), so a flush right after the put that
+        crossed the watermark waits for that offload too.
+
+        Raises the offloader's error if a batch fails meanwhile (the objects stay in DRAM and
+        are retried), and :class:`NoSpaceError` if ``timeout`` seconds pass first.
+        """
+        if self._backend is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check_open()
+            failures = self._offload_failures
+            if self.config.offload == "watermark" and not self._closing:
+                self._select_for_offload()
+            self._flush_waiters += 1
+            self._cond.notify_all()
+            try:
+                while self._pending or self._inflight:
+                    if self._offload_failures > failures and self._offload_error is not None:
+                        raise self._offload_error
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise NoSpaceError("flush timed out", queued=len(self._pending), in_flight=len(self._inflight))
+                    self._cond.wait(remaining)
+                    self._check_open()
+            finally:
+                self._flush_waiters -= 1
+
+    def _enqueue(self, entry: DramEntry) -> None:
+        entry.ssd = SsdState.PENDING
+        entry.queued_at = time.monotonic()
+        self._pending.append(entry)
+        self._pending_bytes += entry.size
+        if (
+            len(self._pending) == 1
+            or self._pending_bytes >= self.config.bucket_bytes
+            or len(self._pending) >= self.config.bucket_max_keys
+        ):
+            self._cond.notify_all()
+
+    def _offload_loop(self) -> None:
+        while True:
+            with self._lock:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._inflight = batch
+                items = [(e.key, self._dram.view(e), e.crc) for e in batch]
+            t0 = time.perf_counter()
+            error: Optional[GdskvError] = None
+            evicted: List[bytes] = []
+            try:
+                evicted = self._backend.write(items)  # type: ignore[union-attr]
+            except GdskvError as exc:
+                error = exc
+            except OSError as exc:
+                error = IoError(f"offload failed: {exc}", errno=exc.errno)
+            elapsed = time.perf_counter() - t0
+            del items
+            with self._lock:
+                self._inflight = []
+                if error is None:
+                    self._finish_batch(batch, evicted, elapsed)
+                else:
+                    self._fail_batch(batch, error)
+                self._cond.notify_all()
+
+    def _next_batch(self) -> Optional[List[DramEntry]]:
+        """Wait (lock held) until a bucket should be written; take its entries. None: stop."""
+        cfg = self.config
+        while True:
+            if self._closed:
+                return None
+            if cfg.offload == "watermark":
+                self._select_for_offload()
+            now = time.monotonic()
+            timeout: Optional[float] = None
+            if self._pending:
+                age = now - self._pending[0].queued_at
+                due = (
+                    self._pending_bytes >= cfg.bucket_bytes
+                    or len(self._pending) >= cfg.bucket_max_keys
+                    or age >= cfg.bucket_max_age_s
+                    or self._flush_waiters
+                    or self._space_waiters
+                    or self._closing
+                )
+                if due and now >= self._offload_paused_until:
+                    return self._take_batch()
+                timeout = max(cfg.bucket_max_age_s - age, self._offload_paused_until - now, 0.001)
+            elif self._closing:
+                return None
+            self._cond.wait(timeout)
+
+    def _take_batch(self) -> List[DramEntry]:
+        # A bucket never takes more than a quarter of the SSD tier, so that writing one
+        # evicts only a part of what is there (a single larger object still goes alone).
+        limit = min(self.config.bucket_bytes, self.config.ssd_bytes // 4)
+        batch: List[DramEntry] = []
+        nbytes = 0
+        while self._pending and len(batch) < self.config.bucket_max_keys:
+            entry = self._pending[0]
+            if batch and nbytes + record_size(len(entry.key), entry.size) > limit:
+                break
+            self._pending.popleft()
+            self._pending_bytes -= entry.size
+            if entry.detached:  # removed or overwritten while queued
+                entry.ssd = SsdState.NONE
+                self._dram.release(entry)
+                continue
+            batch.append(entry)
+            nbytes += record_size(len(entry.key), entry.size)
+        return batch
+
+    def _finish_batch(self, batch: List[DramEntry], evicted: List[bytes], elapsed: float) -> None:
+        self._offload_error = None
+        for key in evicted:
+            entry = self._dram.lookup(key)
+            if entry is not None and entry.ssd is SsdState.ON_SSD:
+                entry.ssd = SsdState.LOST
+        stale: List[bytes] = []
+        for entry in batch:
+            entry.ssd = SsdState.ON_SSD
+            if entry.detached:  # overwritten or dropped while being written
+                stale.append(entry.key)
+                self._dram.release(entry)
+        self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
+        self._counters.add("offloaded", len(batch))
+        self._counters.add("offloaded_bytes", sum(e.size for e in batch))
+        self._counters.add("offload_seconds", elapsed)
+        if self.config.offload == "watermark":
+            low = self.config.low_watermark * self._dram.capacity
+            self._evict_dram(until=lambda: self._dram.used <= low)
+        for key in stale:  # take the copies just written back out; last, as it can fail
+            try:
+                self._backend.remove(key)  # type: ignore[union-attr]
+            except GdskvError as exc:
+                # The offloader must live on; the copy is superseded by the key's next write.
+                self._offload_error = exc
+                log.warning("gdskv: could not remove a stale copy of %r from SSD: %s", key[:64], exc)
+
+    def _fail_batch(self, batch: List[DramEntry], error: GdskvError) -> None:
+        """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
+        self._offload_error = error
+        self._offload_failures += 1
+        pause = self.config.offload_retry_s
+        self._offload_paused_until = time.monotonic() + pause
+        log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)
+        for entry in reversed(batch):
+            self._pending.appendleft(entry)
+            self._pending_bytes += entry.size
+
+    def _select_for_offload(self) -> None:
+        """Watermark policy: above the high watermark, queue the coldest DRAM-only objects
+        (and evict those already on SSD) until usage would reach the low watermark; while a
+        put waits for room and nothing is being offloaded, queue at least one bucket."""
+        cap = self._dram.capacity
+        if self._dram.used <= self.config.high_watermark * cap and not self._space_waiters:
+            return
+        low = self.config.low_watermark * cap
+        self._evict_dram(until=lambda: self._dram.used <= low)
+        projected = self._dram.used - self._pending_bytes - sum(e.size for e in self._inflight)
+        target = low
+        if self._space_waiters and not self._pending and not self._inflight:
+            # A waiting put needs a free extent that usage does not show (the arena can be
+            # fragmented below the low watermark): queue at least one bucket of the coldest
+            # DRAM-only objects, so that evicting them can make room.
+            target = min(low, projected - max(1, min(self.config.bucket_bytes, self.config.ssd_bytes // 4)))
+        if projected <= target:
+            return
+        chosen = []
+        for key in self._dram.policy.ordered():
+            entry = self._dram.entries[key]
+            if entry.complete and entry.ssd is SsdState.NONE:
+                chosen.append(entry)
+                projected -= entry.size
+                if projected <= target:
+                    break
+        for entry in chosen:
+            self._enqueue(entry)
+
+
+def is_no_space(error: Optional[GdskvError]) -> bool:
+    """Whether the last offload failed because the filesystem is full (ENOSPC)."""
+    return error is not None and error.context.get("errno") == errno.ENOSPC

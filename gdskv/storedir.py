@@ -1,0 +1,57 @@
+"""The store directory: its lock (one process at a time) and its format metadata."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from gdskv.config import StoreConfig
+from gdskv.errors import ConfigError, FormatVersionError, IoError, StoreLockedError
+from gdskv.tiers.backends.files import write_file_atomic
+from gdskv.tiers.backends.record import FORMAT_VERSION
+
+META_FILE = "gdskv.json"
+LOCK_FILE = "LOCK"
+
+
+def open_store_directory(path: Path, config: StoreConfig) -> int:
+    """Create or validate the store directory, take its lock, check its format."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError("store path exists and is not a directory", path=str(path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise IoError(f"cannot open store directory: {exc.strerror}", path=str(path), errno=exc.errno) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreLockedError("store directory is open in another process", path=str(path)) from None
+    try:
+        _check_meta(path / META_FILE, config)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_meta(meta_path: Path, config: StoreConfig) -> None:
+    if not meta_path.exists():
+        meta = {"format": "gdskv", "format_version": FORMAT_VERSION, "backend": config.backend}
+        write_file_atomic(meta_path, json.dumps(meta, indent=2).encode())
+        return
+    try:
+        meta = json.loads(meta_path.read_text())
+        version = int(meta["format_version"])
+        backend = str(meta["backend"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("unreadable store metadata", path=str(meta_path), cause=str(exc)) from exc
+    if version > FORMAT_VERSION:
+        raise FormatVersionError(
+            "store written by a newer gdskv format", path=str(meta_path), supported=FORMAT_VERSION, got=version
+        )
+    if backend != config.backend:
+        raise ConfigError("store was created with another backend", path=str(meta_path), stored=backend, requested=config.backend)

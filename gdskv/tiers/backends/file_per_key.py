@@ -1,0 +1,352 @@
+"""The file-per-key backend: one file per object, for debugging and inspection.
+
+Layout under ``<store>/files/``::
+
+    <h[0:2]>/<h[2:4]>/<h>.rec      h = hex XXH3-128 of the key
+
+Each file holds exactly one record (see :mod:`record`: header, key, value at 4 KiB), so
+``ls`` and ``xxd`` show what is stored, and the key is read from the file header, never
+from the path. File names come from a hash of the key, so no key — ``../x``, ``/etc``,
+NUL bytes, 4 KiB of anything — can name a path outside the store directory.
+
+A write makes each file under a temporary name (through the I/O engine, ``O_DIRECT`` where
+allowed), fsyncs it, renames it into place and fsyncs the shard directories once per batch;
+recovery deletes leftover temporary files and drops files whose header, checksum or name
+does not match their content. ``remove`` unlinks the file and fsyncs its directory.
+Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import xxhash
+
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.gds.aligned import preallocate
+from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
+from gdskv.tiers.backends.record import (
+    RECORD_HEADER,
+    IndexEntry,
+    checksum,
+    decode_head,
+    encode_head,
+    head_size,
+    record_buffers,
+    record_size,
+)
+from gdskv.tiers.policies import make_policy
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".rec"
+
+
+def file_name(key: bytes) -> str:
+    """The file name of ``key``: the hex XXH3-128 of the key, never the key itself."""
+    return xxhash.xxh3_128_hexdigest(key) + SUFFIX
+
+
+class FilePerKeyBackend(StorageBackend):
+    """One record file per object in a two-level hash-sharded tree."""
+
+    name = "file_per_key"
+
+    def __init__(
+        self,
+        root: Path,
+        engine: IoEngine,
+        *,
+        capacity: int,
+        eviction: str = "fifo",
+        verify_on_open: str = "index",
+    ) -> None:
+        self.dir = Path(root) / "files"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.engine = engine
+        self.capacity = capacity
+        self.verify_on_open = verify_on_open
+        self._policy = make_policy(eviction)
+        self._lock = threading.Lock()
+        self._objects: Dict[bytes, IndexEntry] = {}
+        self._used = 0
+        self._next_seq = 1
+        self._closed = False
+        self.counters = {
+            "files_written": 0,
+            "bytes_written": 0,
+            "objects_evicted": 0,
+            "corrupt_reads": 0,
+            "read_errors": 0,
+        }
+
+    def path_of(self, key: bytes) -> Path:
+        """Where the record of ``key`` lives (inside the store directory, whatever the key)."""
+        name = file_name(key)
+        return self.dir / name[0:2] / name[2:4] / name
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> RecoveryReport:
+        """Index every intact record file; delete temporary and corrupt ones."""
+        report = RecoveryReport()
+        found: List[Tuple[int, IndexEntry]] = []
+        for dirpath, _dirs, names in os.walk(self.dir):
+            for name in names:
+                path = Path(dirpath) / name
+                if name.endswith(TMP_SUFFIX):
+                    unlink_quietly(path)
+                    report.dropped_torn += 1
+                    continue
+                entry = self._load(path)
+                if entry is None:
+                    unlink_quietly(path)
+                    report.dropped_corrupt += 1
+                    continue
+                found.append((entry.seq, entry))
+        for _, entry in sorted(found, key=lambda f: f[0]):
+            self._objects[entry.key] = entry
+            self._policy.insert(entry.key)
+            self._used += record_size(len(entry.key), entry.value_len)
+            self._next_seq = max(self._next_seq, entry.seq + 1)
+        report.objects = report.containers = len(self._objects)
+        report.bytes = sum(e.value_len for e in self._objects.values())
+        if report.dropped_torn or report.dropped_corrupt:
+            log.warning(
+                "gdskv: recovery dropped %d torn and %d corrupt files in %s",
+                report.dropped_torn, report.dropped_corrupt, self.dir,
+            )
+        return report
+
+    def _load(self, path: Path) -> Optional[IndexEntry]:
+        """The entry of one record file, or None if it is not an intact record of its name."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(RECORD_HEADER.size)
+                header = decode_head(head, path=str(path))
+                key = f.read(header.key_len)
+                if len(key) != header.key_len or file_name(key) != path.name:
+                    raise CorruptionError("file name does not match the key inside", path=str(path))
+                value_at = head_size(header.key_len)
+                size = os.fstat(f.fileno()).st_size
+                if size < value_at + header.value_len:
+                    raise CorruptionError("record file shorter than its header says", path=str(path), got=size)
+                if self.verify_on_open == "full":
+                    f.seek(value_at)
+                    if checksum(key, f.read(header.value_len)) != header.crc:
+                        raise CorruptionError("value checksum mismatch", path=str(path))
+        except FormatVersionError:
+            raise
+        except (CorruptionError, OSError) as exc:
+            log.warning("gdskv: dropping %s: %s", path, exc)
+            return None
+        return IndexEntry(key, value_at, header.value_len, header.seq, header.crc)
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, items: Sequence[WriteItem]) -> List[bytes]:
+        """Write each item to its own file (temporary name, fsync, rename); return keys
+        evicted to make room."""
+        if not items:
+            return []
+        if len({key for key, _, _ in items}) != len(items):  # one file per key: the last wins
+            items = list({key: (key, value, crc) for key, value, crc in items}.values())
+        sizes = [record_size(len(key), value.nbytes) for key, value, _ in items]
+        if sum(sizes) > self.capacity:
+            raise NoSpaceError("batch larger than the NVMe tier", needed=sum(sizes), capacity=self.capacity)
+        with self._lock:
+            self._check_open()
+            evicted = self._make_room(sum(sizes))
+            first_seq = self._next_seq
+            self._next_seq += len(items)
+            self._used += sum(sizes)  # reserved; released if the write fails
+        entries: List[IndexEntry] = []
+        written: List[Tuple[Path, Path]] = []
+        fds: List[int] = []
+        try:
+            requests = []
+            for i, (key, value, crc) in enumerate(items):
+                final = self.path_of(key)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                tmp = final.with_name(final.name + TMP_SUFFIX)
+                fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                fds.append(fd)
+                written.append((tmp, final))
+                preallocate(fd, record_size(len(key), value.nbytes))
+                head = encode_head(key, value.nbytes, first_seq + i, crc)
+                requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmp)))
+                entries.append(IndexEntry(key, len(head), value.nbytes, first_seq + i, crc))
+            self.engine.run(requests)
+            for fd in fds:
+                os.fsync(fd)
+            for tmp, final in written:
+                os.replace(tmp, final)
+            for parent in {final.parent for _, final in written}:
+                fsync_dir(parent)
+        except (OSError, GdskvError) as exc:
+            for tmp, _ in written:
+                unlink_quietly(tmp)
+            with self._lock:
+                self._used -= sum(sizes)
+            if isinstance(exc, GdskvError):
+                raise
+            raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+        with self._lock:
+            for entry, size in zip(entries, sizes):
+                older = self._objects.get(entry.key)
+                if older is not None:  # the rename replaced its file
+                    self._used -= record_size(len(older.key), older.value_len)
+                    self._policy.remove(entry.key)
+                self._objects[entry.key] = entry
+                self._policy.insert(entry.key)
+            self.counters["files_written"] += len(items)
+            self.counters["bytes_written"] += sum(sizes)
+        return evicted
+
+    def _make_room(self, nbytes: int) -> List[bytes]:
+        """Evict objects in policy order until ``nbytes`` more fit. Lock held."""
+        evicted: List[bytes] = []
+        dirs: Set[Path] = set()
+        while self._used + nbytes > self.capacity:
+            key = self._policy.first_victim()
+            if key is None:
+                raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
+            dirs.add(self._unlink(key))
+            evicted.append(key)
+            self.counters["objects_evicted"] += 1
+        for parent in dirs:
+            _fsync_dir_quietly(parent)
+        return evicted
+
+    def _unlink(self, key: bytes) -> Path:
+        """Forget ``key`` and delete its file. Lock held. Returns the file's directory."""
+        entry = self._objects.pop(key)
+        self._policy.remove(key)
+        self._used -= record_size(len(key), entry.value_len)
+        path = self.path_of(key)
+        unlink_quietly(path)
+        return path.parent
+
+    # ------------------------------------------------------------------ reads
+
+    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
+        with self._lock:
+            entry = self._objects.get(key)
+            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+
+    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
+        """Read and verify a batch of values in one engine submission."""
+        results: List[Optional[int]] = [None] * len(items)
+        opened: List[Tuple[int, IndexEntry, int]] = []
+        requests: List[IoRequest] = []
+        bad: List[Tuple[IndexEntry, str]] = []
+        try:
+            with self._lock:
+                self._check_open()
+                for key, out in items:
+                    entry = self._objects.get(key)
+                    if entry is not None and out.nbytes < entry.value_len:
+                        raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=entry.value_len, got=out.nbytes)
+                for i, (key, out) in enumerate(items):
+                    entry = self._objects.get(key)
+                    if entry is None:
+                        continue
+                    path = self.path_of(key)
+                    try:  # opened under the lock: an eviction cannot unlink it in between
+                        fd = self.engine.open_file(path, os.O_RDONLY)
+                    except OSError as exc:
+                        self.counters["read_errors"] += 1
+                        log.warning("gdskv: cannot open %s: %s", path, exc)
+                        self._forget(entry)
+                        continue
+                    self._policy.touch(key)
+                    opened.append((i, entry, fd))
+                    requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(path)))
+            # Each value is verified as soon as it is in, while the rest are in flight.
+            for j, outcome in self.engine.submit(requests).as_completed() if requests else ():
+                i, entry, _ = opened[j]
+                key, out = items[i]
+                if isinstance(outcome, BaseException):
+                    self.counters["read_errors"] += 1
+                    bad.append((entry, f"read failed: {outcome}"))
+                elif checksum(key, out[: entry.value_len]) != entry.crc:
+                    self.counters["corrupt_reads"] += 1
+                    bad.append((entry, "value checksum mismatch"))
+                else:
+                    results[i] = entry.value_len
+        finally:
+            for _, _, fd in opened:
+                os.close(fd)
+        if bad:
+            with self._lock:
+                for entry, why in bad:
+                    log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], self.path_of(entry.key), why)
+                    self._forget(entry)
+        return results
+
+    def _forget(self, entry: IndexEntry) -> None:
+        """Drop a replica that failed (its file too). Lock held."""
+        if self._objects.get(entry.key) is entry:
+            _fsync_dir_quietly(self._unlink(entry.key))
+
+    # ------------------------------------------------------------------ the rest
+
+    def remove(self, key: bytes) -> bool:
+        with self._lock:
+            self._check_open()
+            if key not in self._objects:
+                return False
+            parent = self._unlink(key)
+        try:
+            fsync_dir(parent)
+        except OSError as exc:
+            raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(parent), errno=exc.errno) from exc
+        return True
+
+    def check(self) -> List[bytes]:
+        """Verify every file (header, name, value checksum); drop and return corrupt keys."""
+        with self._lock:
+            snapshot = list(self._objects.values())
+        corrupt = []
+        for entry in snapshot:
+            path = self.path_of(entry.key)
+            try:
+                with open(path, "rb") as f:
+                    header = decode_head(f.read(RECORD_HEADER.size), path=str(path))
+                    key = f.read(header.key_len)
+                    f.seek(entry.value_offset)
+                    value = f.read(entry.value_len)
+                if (key, header.seq) != (entry.key, entry.seq) or checksum(key, value) != entry.crc:
+                    raise CorruptionError("record does not match the index", path=str(path))
+            except (CorruptionError, OSError) as exc:
+                log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
+                corrupt.append(entry)
+        with self._lock:
+            for entry in corrupt:
+                self._forget(entry)
+        self.counters["corrupt_reads"] += len(corrupt)
+        return [e.key for e in corrupt]
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+
+def _fsync_dir_quietly(path: Path) -> None:
+    try:
+        fsync_dir(path)
+    except OSError:
+        pass

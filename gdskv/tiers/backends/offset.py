@@ -1,0 +1,520 @@
+"""The offset backend: every object in one preallocated file, placed by an offset allocator.
+
+Layout under ``<store>/offset/``::
+
+    data          ``capacity`` bytes, preallocated (fallocate); records (see :mod:`record`)
+                  at 4 KiB-aligned offsets chosen by :class:`OffsetAllocator`
+    checkpoint    the index, written atomically (temporary file, fsync, rename)
+
+Eviction is object-level (FIFO or LRU) under the byte cap.
+
+Durability without writing the index on every write. A checkpoint lists every live object
+and a *window*: free extents (about ``window_bytes``, plus room for the batch that caused
+the checkpoint) where the records of the next writes will go; its header carries the
+*watermark*, the highest sequence number it covers (stored in the index format's bucket-id
+field; window extents are entries with an empty key, which no object has). Until the next
+checkpoint:
+
+- a write places its records inside the window only (first fit), writes them through the
+  I/O engine, fdatasyncs the file, and then makes them visible; a batch that does not fit
+  the window takes a new checkpoint first (which evicts, in policy order, enough objects to
+  leave a fresh window free);
+- ``remove`` writes a *tombstone* record (flag, no value) into the window;
+- space that objects leave (overwritten, removed, dropped) is reused only after the next
+  checkpoint, which no longer lists them, is durable.
+
+Reopening loads the checkpoint, scans only its window (:mod:`window`) for records newer
+than the watermark (each verified: header checksum, key and value CRC32C), applies them in sequence order (a
+record replaces an older one of its key; a tombstone removes it), rebuilds the allocator
+from the survivors, and writes a fresh checkpoint. So every write acknowledged as durable
+survives a crash, and a removed key never comes back. A value that itself contains a whole
+valid record newer than the watermark could be mistaken for one in the window scan; only
+an adversarial value can do that.
+
+Readers pin the record they read, so a checkpoint never hands its space to a new write
+while a read is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.tiers.allocator import OffsetAllocator
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.files import unlink_quietly, write_file_atomic
+from gdskv.tiers.backends.record import (
+    ALIGN,
+    FLAG_TOMBSTONE,
+    RECORD_HEADER,
+    IndexEntry,
+    checksum,
+    decode_head,
+    decode_index,
+    encode_head,
+    encode_index,
+    head_size,
+    record_buffers,
+    record_size,
+)
+from gdskv.tiers.backends.window import WINDOW_KEY, default_window, in_window, merge_extents, pick_window, scan_window
+from gdskv.tiers.policies import make_policy
+
+log = logging.getLogger(__name__)
+
+DATA_FILE = "data"
+CHECKPOINT_FILE = "checkpoint"
+
+
+class OffsetBackend(StorageBackend):
+    """One preallocated file, object-level eviction, checkpoint + window recovery."""
+
+    name = "offset"
+
+    def __init__(
+        self,
+        root: Path,
+        engine: IoEngine,
+        *,
+        capacity: int,
+        eviction: str = "fifo",
+        verify_on_open: str = "index",
+        window_bytes: Optional[int] = None,
+    ) -> None:
+        self.dir = Path(root) / "offset"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data_path = self.dir / DATA_FILE
+        self.checkpoint_path = self.dir / CHECKPOINT_FILE
+        self.engine = engine
+        self.capacity = capacity // ALIGN * ALIGN
+        if self.capacity <= 0:
+            raise NoSpaceError("the offset backend needs at least 4 KiB", capacity=capacity)
+        self.verify_on_open = verify_on_open
+        self.window_bytes = min(window_bytes or default_window(self.capacity), self.capacity)
+        self._policy = make_policy(eviction)
+        self._lock = threading.Lock()  # index, allocator, pins: held briefly
+        self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
+        self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
+        self._objects: Dict[bytes, IndexEntry] = {}
+        self._deferred: List[int] = []  # record offsets to free after the next checkpoint
+        self._pins: Dict[int, int] = {}
+        self._window: List[Tuple[int, int]] = []  # sorted (start, end)
+        self._watermark = 0
+        self._next_seq = 1
+        self._fd: Optional[int] = None
+        self._closed = False
+        self.counters = {
+            "bytes_written": 0,
+            "objects_evicted": 0,
+            "checkpoints": 0,
+            "tombstones": 0,
+            "corrupt_reads": 0,
+            "read_errors": 0,
+        }
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> RecoveryReport:
+        """Open (or create) the file, rebuild the index, start a fresh checkpoint."""
+        report = RecoveryReport()
+        unlink_quietly(self.checkpoint_path.with_name(CHECKPOINT_FILE + ".tmp"))
+        self._open_data_file()
+        entries, window = self._load_checkpoint(report)
+        assert self._fd is not None
+        found = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        for seq, flags, entry in sorted(found, key=lambda f: f[0]):
+            current = entries.get(entry.key)
+            if current is not None and current.seq >= seq:
+                continue
+            if flags & FLAG_TOMBSTONE:
+                entries.pop(entry.key, None)
+            else:
+                entries[entry.key] = entry
+        for entry in sorted(entries.values(), key=lambda e: e.seq):
+            start = _record_start(entry)
+            try:
+                if start + record_size(len(entry.key), entry.value_len) > self.capacity:
+                    raise CorruptionError("record beyond the file's capacity", offset=start)
+                self._alloc.claim(start, record_size(len(entry.key), entry.value_len))
+            except GdskvError as exc:
+                log.warning("gdskv: dropping %r from %s: %s", entry.key[:64], self.data_path, exc)
+                report.dropped_corrupt += 1
+                continue
+            if self.verify_on_open == "full" and not self._verify_record(entry):
+                self._alloc.free(start)
+                report.dropped_corrupt += 1
+                continue
+            self._objects[entry.key] = entry
+            self._policy.insert(entry.key)
+        report.objects = len(self._objects)
+        report.bytes = sum(e.value_len for e in self._objects.values())
+        report.containers = 1
+        with self._wlock:
+            self._checkpoint([])
+        if report.dropped_torn or report.dropped_corrupt:
+            log.warning(
+                "gdskv: recovery dropped %d torn and %d corrupt records in %s",
+                report.dropped_torn, report.dropped_corrupt, self.dir,
+            )
+        return report
+
+    def _open_data_file(self) -> None:
+        try:
+            fd = self.engine.open_file(self.data_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise IoError(f"cannot open the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
+        try:
+            if os.fstat(fd).st_size < self.capacity:
+                os.posix_fallocate(fd, 0, self.capacity)
+        except OSError as exc:
+            os.close(fd)
+            raise NoSpaceError(
+                "cannot preallocate the offset backend's file", path=str(self.data_path),
+                capacity=self.capacity, errno=exc.errno,
+            ) from exc
+        self._fd = fd
+
+    def _load_checkpoint(self, report: RecoveryReport) -> Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]:
+        if not self.checkpoint_path.exists():
+            # A new store, or one that crashed before its first checkpoint was durable; one
+            # is written at open before any write, so there is nothing to find either way.
+            return {}, []
+        try:
+            watermark, _capacity, listed = decode_index(self.checkpoint_path.read_bytes(), path=str(self.checkpoint_path))
+        except FormatVersionError:
+            raise
+        except (CorruptionError, OSError) as exc:
+            # Without its index the file cannot tell live records from removed ones: start
+            # empty rather than bring back what was removed.
+            log.warning("gdskv: unreadable checkpoint, dropping every object of %s: %s", self.dir, exc)
+            report.dropped_corrupt += 1
+            return {}, []
+        self._watermark = watermark
+        self._next_seq = watermark + 1
+        entries: Dict[bytes, IndexEntry] = {}
+        window: List[Tuple[int, int]] = []
+        for e in listed:
+            if e.key == WINDOW_KEY:
+                window.append((e.value_offset, min(e.value_offset + e.value_len, self.capacity)))
+            else:
+                entries[e.key] = e
+                self._next_seq = max(self._next_seq, e.seq + 1)
+        return entries, window
+
+    def _read_at_strict(self, offset: int, buf: memoryview) -> None:
+        assert self._fd is not None
+        self.engine.run([IoRequest.read(self._fd, offset, buf, path=str(self.data_path))])
+
+    def _verify_record(self, entry: IndexEntry) -> bool:
+        start = _record_start(entry)
+        size = record_size(len(entry.key), entry.value_len)
+        buf = bytearray(size)
+        path = str(self.data_path)
+        try:
+            self._read_at_strict(start, memoryview(buf))
+            header = decode_head(buf, path=path, offset=start)
+            key = bytes(buf[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
+            if (key, header.value_len, header.crc, header.seq) != (entry.key, entry.value_len, entry.crc, entry.seq):
+                raise CorruptionError("record header disagrees with the index", path=path, offset=start)
+            value_at = entry.value_offset - start
+            if checksum(entry.key, memoryview(buf)[value_at : value_at + entry.value_len]) != entry.crc:
+                raise CorruptionError("value checksum mismatch", path=path, offset=entry.value_offset)
+        except (CorruptionError, IoError) as exc:
+            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self, sizes: Sequence[int]) -> Tuple[List[int], List[bytes]]:
+        """Free what the last epoch left, place ``sizes`` (evicting, in policy order, until
+        they fit and a window of ``window_bytes`` is free as well), pick the new window and
+        persist it all. Without ``sizes`` nothing is evicted. ``_wlock`` held. Returns the
+        batch's offsets and the evicted keys."""
+        evicted: List[bytes] = []
+        with self._lock:
+            still_pinned = []
+            for offset in self._deferred:
+                if self._pins.get(offset):
+                    still_pinned.append(offset)
+                else:
+                    self._alloc.free(offset)
+            self._deferred = still_pinned
+            batch = sum(self._alloc.rounded(s) for s in sizes)
+            target = min(self.capacity, self.window_bytes + batch) if sizes else 0
+            offsets = self._try_place(sizes)
+            while offsets is None or self._alloc.free_bytes < target:
+                if offsets is not None:
+                    for offset in offsets:
+                        self._alloc.free(offset)
+                key = self._policy.first_victim()
+                if key is None:
+                    offsets = self._try_place(sizes)
+                    break
+                self._evict(key)
+                evicted.append(key)
+                offsets = self._try_place(sizes)
+            if offsets is None:
+                raise NoSpaceError(
+                    "no room in the offset backend's file", needed=sum(sizes), free=self._alloc.free_bytes,
+                    largest_free=self._alloc.largest_free, capacity=self.capacity,
+                )
+            window = pick_window(self._alloc.extents(), self.window_bytes)
+            for offset, size in zip(offsets, sizes):
+                window.append((offset, offset + self._alloc.rounded(size)))
+            window = merge_extents(window)
+            watermark = self._next_seq - 1
+            listed = list(self._objects.values())
+        listed.extend(IndexEntry(WINDOW_KEY, start, end - start, 0, 0) for start, end in window)
+        try:
+            write_file_atomic(self.checkpoint_path, encode_index(watermark, self.capacity, listed))
+        except IoError:
+            with self._lock:
+                for offset in offsets:
+                    self._alloc.free(offset)
+            raise
+        self._window = window
+        self._watermark = watermark
+        self.counters["checkpoints"] += 1
+        return offsets, evicted
+
+    def _try_place(self, sizes: Sequence[int]) -> Optional[List[int]]:
+        """Allocate every size or none. ``_lock`` held."""
+        offsets: List[int] = []
+        for size in sizes:
+            offset = self._alloc.allocate(size)
+            if offset is None:
+                for o in offsets:
+                    self._alloc.free(o)
+                return None
+            offsets.append(offset)
+        return offsets
+
+    def _in_window(self, offset: int, size: int) -> bool:
+        return in_window(self._window, offset, size)
+
+    def _place(self, sizes: Sequence[int]) -> Tuple[List[int], List[bytes]]:
+        """Offsets inside the current window for ``sizes``; checkpoint if they do not fit."""
+        with self._lock:
+            offsets = self._try_place(sizes)
+            if offsets is not None and all(self._in_window(o, self._alloc.rounded(s)) for o, s in zip(offsets, sizes)):
+                return offsets, []
+            for offset in offsets or []:
+                self._alloc.free(offset)
+        return self._checkpoint(sizes)
+
+    def _evict(self, key: bytes) -> None:
+        """Drop ``key`` to make room (it stays listed until the next checkpoint). ``_lock`` held."""
+        entry = self._objects.pop(key)
+        self._policy.remove(key)
+        offset = _record_start(entry)
+        if self._pins.get(offset):
+            self._deferred.append(offset)
+        else:
+            self._alloc.free(offset)
+        self.counters["objects_evicted"] += 1
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, items: Sequence[WriteItem]) -> List[bytes]:
+        """Write ``items`` into the window, durably; return keys evicted to make room."""
+        if not items:
+            return []
+        sizes = [record_size(len(key), value.nbytes) for key, value, _ in items]
+        if sum(sizes) > self.capacity:
+            raise NoSpaceError("batch larger than the NVMe tier", needed=sum(sizes), capacity=self.capacity)
+        with self._wlock:
+            self._check_open()
+            offsets, evicted = self._place(sizes)
+            first_seq = self._next_seq
+            self._next_seq += len(items)
+            entries, requests = [], []
+            for i, ((key, value, crc), offset) in enumerate(zip(items, offsets)):
+                head = encode_head(key, value.nbytes, first_seq + i, crc)
+                requests.append(IoRequest.write(self._fd, offset, *record_buffers(head, value), path=str(self.data_path)))
+                entries.append(IndexEntry(key, offset + len(head), value.nbytes, first_seq + i, crc))
+            try:
+                self.engine.run(requests)
+                os.fdatasync(self._fd)  # type: ignore[arg-type]
+            except (OSError, GdskvError) as exc:
+                self._abandon(offsets)
+                if isinstance(exc, GdskvError):
+                    raise
+                raise IoError(f"offset write failed: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
+            with self._lock:
+                for entry in entries:
+                    older = self._objects.get(entry.key)
+                    if older is not None:
+                        self._deferred.append(_record_start(older))
+                        self._policy.remove(entry.key)
+                    self._objects[entry.key] = entry
+                    self._policy.insert(entry.key)
+                self.counters["bytes_written"] += sum(sizes)
+        return evicted
+
+    def _abandon(self, offsets: List[int]) -> None:
+        """A failed write: its records may be partly on disk with sequence numbers above the
+        watermark. Checkpoint past them (so a reopen ignores them), then free their space."""
+        with self._lock:
+            self._deferred.extend(offsets)
+        try:
+            self._checkpoint([])
+        except GdskvError as exc:
+            log.warning("gdskv: checkpoint after a failed write failed too: %s", exc)
+
+    def remove(self, key: bytes) -> bool:
+        """Forget ``key`` durably: a tombstone record in the window (or a checkpoint)."""
+        with self._wlock:
+            self._check_open()
+            with self._lock:
+                entry = self._objects.pop(key, None)
+                if entry is None:
+                    return False
+                self._policy.remove(key)
+                self._deferred.append(_record_start(entry))
+            size = head_size(len(key))
+            with self._lock:
+                offsets = self._try_place([size])
+                if offsets is not None and not self._in_window(offsets[0], size):
+                    self._alloc.free(offsets[0])
+                    offsets = None
+            if offsets is None:  # no room for a tombstone: a checkpoint (without the key) instead
+                self._checkpoint([])
+                return True
+            seq = self._next_seq
+            self._next_seq += 1
+            head = encode_head(key, 0, seq, 0, flags=FLAG_TOMBSTONE)
+            try:
+                self.engine.run([IoRequest.write(self._fd, offsets[0], memoryview(head), path=str(self.data_path))])
+                os.fdatasync(self._fd)  # type: ignore[arg-type]
+            except (OSError, GdskvError) as exc:
+                log.warning("gdskv: tombstone write failed, checkpointing instead: %s", exc)
+                self._abandon(offsets)
+                if self._watermark < seq:
+                    raise IoError("could not make the removal durable", key=key[:64], path=str(self.data_path)) from exc
+                return True
+            with self._lock:
+                self._deferred.append(offsets[0])
+            self.counters["tombstones"] += 1
+            return True
+
+    # ------------------------------------------------------------------ reads
+
+    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
+        with self._lock:
+            entry = self._objects.get(key)
+            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+
+    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
+        """Read and verify a batch of values in one engine submission."""
+        results: List[Optional[int]] = [None] * len(items)
+        pinned: List[Tuple[int, IndexEntry]] = []
+        requests: List[IoRequest] = []
+        with self._lock:
+            self._check_open()
+            for key, out in items:
+                entry = self._objects.get(key)
+                if entry is not None and out.nbytes < entry.value_len:
+                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=entry.value_len, got=out.nbytes)
+            for i, (key, out) in enumerate(items):
+                entry = self._objects.get(key)
+                if entry is None:
+                    continue
+                start = _record_start(entry)
+                self._pins[start] = self._pins.get(start, 0) + 1
+                self._policy.touch(key)
+                pinned.append((i, entry))
+                requests.append(IoRequest.read(self._fd, entry.value_offset, out[: entry.value_len], path=str(self.data_path)))  # type: ignore[arg-type]
+        bad: List[Tuple[IndexEntry, str]] = []
+        try:
+            if requests:
+                # Each value is verified as soon as it is in, while the rest are in flight.
+                for j, outcome in self.engine.submit(requests).as_completed():
+                    i, entry = pinned[j]
+                    key, out = items[i]
+                    if isinstance(outcome, BaseException):
+                        self.counters["read_errors"] += 1
+                        bad.append((entry, f"read failed: {outcome}"))
+                    elif checksum(key, out[: entry.value_len]) != entry.crc:
+                        self.counters["corrupt_reads"] += 1
+                        bad.append((entry, "value checksum mismatch"))
+                    else:
+                        results[i] = entry.value_len
+        finally:
+            with self._lock:
+                for _, entry in pinned:
+                    start = _record_start(entry)
+                    self._pins[start] -= 1
+                    if not self._pins[start]:
+                        del self._pins[start]
+                if self._closed and not self._pins:
+                    self._close_fd()  # closed while this read was in flight
+        if bad:
+            with self._lock:
+                for entry, why in bad:
+                    log.warning(
+                        "gdskv: dropping replica of %r in %s at offset %d: %s",
+                        entry.key[:64], self.data_path, entry.value_offset, why,
+                    )
+                    self._drop(entry)
+        return results
+
+    def _drop(self, entry: IndexEntry) -> None:
+        """Forget a replica that failed verification. ``_lock`` held."""
+        if self._objects.get(entry.key) is entry:
+            del self._objects[entry.key]
+            self._policy.remove(entry.key)
+            self._deferred.append(_record_start(entry))
+
+    # ------------------------------------------------------------------ the rest
+
+    def check(self) -> List[bytes]:
+        """Verify every record (header, key, value checksum); drop and return corrupt keys."""
+        with self._lock:
+            snapshot = list(self._objects.values())
+        corrupt = [e for e in snapshot if not self._verify_record(e)]
+        with self._lock:
+            for entry in corrupt:
+                self._drop(entry)
+        self.counters["corrupt_reads"] += len(corrupt)
+        return [e.key for e in corrupt]
+
+    @property
+    def used_bytes(self) -> int:
+        return self._alloc.used
+
+    def layout_stats(self) -> dict:
+        return {
+            "window_bytes": sum(end - start for start, end in self._window),
+            "free_extents": self._alloc.free_extents,
+        }
+
+    def close(self) -> None:
+        """Checkpoint (so the next open scans little), then close the file. Idempotent."""
+        with self._wlock:
+            if self._closed:
+                return
+            try:
+                if self._fd is not None:
+                    self._checkpoint([])
+            except GdskvError as exc:
+                log.warning("gdskv: final checkpoint of %s failed: %s", self.dir, exc)
+            with self._lock:
+                self._closed = True
+                if not self._pins:  # else the last reader closes it
+                    self._close_fd()
+
+    def _close_fd(self) -> None:
+        """Close the data file. ``_lock`` held."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _record_start(entry: IndexEntry) -> int:
+    return entry.value_offset - head_size(len(entry.key))

@@ -1,0 +1,248 @@
+"""Device memory pools behind the HBM tier: one allocation made once, addressed by offset.
+
+A :class:`DevicePool` owns ``nbytes`` of device memory and copies bytes in and out of it by
+offset; the HBM tier (:mod:`gdskv.tiers.hbm`) decides which offsets hold what. Contract:
+
+- ``write(offset, src)``: copy all of ``src`` (a device array of this pool's kind, or a host
+  buffer) to ``[offset, offset + nbytes(src))``; synchronous with respect to later calls.
+- ``read_into(offset, size, dst)``: copy ``size`` bytes at ``offset`` into ``dst``; for a
+  device ``dst`` this is a device-to-device copy (no host hop).
+- ``to_host_async(offset, size, host)``: start copying the bytes to the host buffer ``host``
+  and return a :class:`Completion`; the source range must not be reused until it is done.
+- ``close()``: idempotent; releases the memory.
+
+Implementations: :class:`HostStandInPool` (numpy memory standing in for a device, with an
+optional gate that holds back asynchronous copies, so tests decide when they finish) and
+:class:`TorchCudaPool` (one ``torch.empty(..., device="cuda")`` allocation and a side
+stream; torch is imported only when it is built).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from gdskv.errors import InvalidValueError, StoreClosedError
+
+
+class Completion:
+    """An asynchronous copy in flight: ``done()`` without blocking, ``wait()`` to finish."""
+
+    def done(self) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def wait(self, timeout: Optional[float] = None) -> bool:  # pragma: no cover - interface
+        """Block until done (or ``timeout`` seconds); return whether it is done. A failed
+        copy raises its error here."""
+        raise NotImplementedError
+
+
+class FutureCompletion(Completion):
+    def __init__(self, future: "concurrent.futures.Future[None]") -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
+
+
+class DevicePool:
+    """Interface of a device memory pool (see the module docstring)."""
+
+    kind = "base"
+    nbytes = 0
+
+    def size_of(self, buf: Any) -> int:  # pragma: no cover - interface
+        """Bytes in ``buf`` (InvalidValueError when this pool cannot take it)."""
+        raise NotImplementedError
+
+    def write(self, offset: int, src: Any) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read_into(self, offset: int, size: int, dst: Any) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _host_bytes(buf: Any, what: str) -> np.ndarray:
+    """A flat uint8 view of a contiguous host buffer (numpy array, bytes-like, CPU tensor)."""
+    if hasattr(buf, "numpy") and hasattr(buf, "is_cuda"):  # a torch tensor
+        if buf.is_cuda:
+            raise InvalidValueError(f"{what}: a CUDA tensor given to a host-memory pool")
+        if not buf.is_contiguous():
+            raise InvalidValueError(f"{what}: tensor is not contiguous")
+        buf = buf.detach().view(-1).view(__import__("torch").uint8).numpy()
+    try:
+        arr = np.asarray(memoryview(buf).cast("B")) if not isinstance(buf, np.ndarray) else buf
+    except (TypeError, ValueError) as exc:
+        raise InvalidValueError(f"{what}: not a contiguous buffer", type=type(buf).__name__) from exc
+    if not arr.flags.c_contiguous:
+        raise InvalidValueError(f"{what}: array is not contiguous")
+    return arr.reshape(-1).view(np.uint8)
+
+
+class HostStandInPool(DevicePool):
+    """Host memory standing in for a device, so the HBM tier's logic runs anywhere.
+
+    Asynchronous copies run on one worker thread, in order, like a CUDA stream. With
+    ``gate`` (a :class:`threading.Event`) each copy waits for the gate to be set first:
+    tests use it to look at the tier while copies are still in flight.
+    """
+
+    kind = "host-standin"
+
+    def __init__(self, nbytes: int, *, gate: Optional[threading.Event] = None) -> None:
+        self.nbytes = nbytes
+        self.memory: Optional[np.ndarray] = np.zeros(nbytes, dtype=np.uint8)
+        self.gate = gate
+        self._stream = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gdskv-hbm-standin")
+        self.copies_to_host = 0
+
+    def _mem(self) -> np.ndarray:
+        if self.memory is None:
+            raise StoreClosedError("device pool is closed", kind=self.kind)
+        return self.memory
+
+    def size_of(self, buf: Any) -> int:
+        return int(_host_bytes(buf, "value").size)
+
+    def write(self, offset: int, src: Any) -> None:
+        data = _host_bytes(src, "value")
+        self._mem()[offset : offset + data.size] = data
+
+    def read_into(self, offset: int, size: int, dst: Any) -> None:
+        out = _host_bytes(dst, "output buffer")
+        out[:size] = self._mem()[offset : offset + size]
+
+    def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:
+        mem = self._mem()
+        out = _host_bytes(host, "host buffer")
+
+        def copy() -> None:
+            if self.gate is not None:
+                self.gate.wait()
+            out[:size] = mem[offset : offset + size]
+
+        self.copies_to_host += 1
+        return FutureCompletion(self._stream.submit(copy))
+
+    def close(self) -> None:
+        if self.memory is None:
+            return
+        if self.gate is not None:
+            self.gate.set()
+        self._stream.shutdown(wait=True)
+        self.memory = None
+
+
+class _EventCompletion(Completion):
+    def __init__(self, event: Any, keep: Any) -> None:
+        self._event = event
+        self._keep = keep  # tensors the copy uses stay alive until it is done
+
+    def done(self) -> bool:
+        return bool(self._event.query())
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if timeout is None:
+            self._event.synchronize()
+            return True
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self._event.query():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+
+class TorchCudaPool(DevicePool):
+    """One plain device allocation (``torch.empty``, never managed memory) and a side stream
+    for copies to the host. Raises ConfigError when no CUDA device is usable."""
+
+    kind = "cuda"
+
+    def __init__(self, nbytes: int, *, device: int = 0) -> None:
+        from gdskv.gds.device import require_device
+
+        require_device("the HBM tier's torch pool")
+        import torch  # imported only here: a device exists
+
+        self._torch = torch
+        self.device = torch.device("cuda", device)
+        self.nbytes = nbytes
+        self.memory = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self.stream = torch.cuda.Stream(device=self.device)
+        self._registered: list = []
+
+    def _as_bytes(self, buf: Any, what: str) -> Any:
+        torch = self._torch
+        if isinstance(buf, torch.Tensor):
+            t = buf
+        elif hasattr(buf, "__cuda_array_interface__") or hasattr(buf, "__dlpack__"):
+            t = torch.from_dlpack(buf) if hasattr(buf, "__dlpack__") else torch.as_tensor(buf, device=self.device)
+        else:
+            t = torch.frombuffer(memoryview(buf).cast("B"), dtype=torch.uint8)
+        if not t.is_contiguous():
+            raise InvalidValueError(f"{what}: tensor is not contiguous")
+        return t.reshape(-1).view(torch.uint8)
+
+    def pin(self, host: memoryview) -> None:
+        """Page-lock ``host`` (e.g. the DRAM arena) once, so copies to it run asynchronously."""
+        import ctypes
+
+        from gdskv.gds.aligned import address_of
+
+        cudart = self._torch.cuda.cudart()
+        ptr, size = address_of(host), host.nbytes
+        err = cudart.cudaHostRegister(ctypes.c_void_p(ptr).value, size, 0)
+        if int(err) == 0:
+            self._registered.append(ptr)
+
+    def size_of(self, buf: Any) -> int:
+        return int(self._as_bytes(buf, "value").numel())
+
+    def write(self, offset: int, src: Any) -> None:
+        data = self._as_bytes(src, "value")
+        self.memory[offset : offset + data.numel()].copy_(data, non_blocking=False)
+
+    def read_into(self, offset: int, size: int, dst: Any) -> None:
+        out = self._as_bytes(dst, "output buffer")
+        out[:size].copy_(self.memory[offset : offset + size], non_blocking=out.is_cuda)
+
+    def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:
+        torch = self._torch
+        out = self._as_bytes(host, "host buffer")
+        src = self.memory[offset : offset + size]
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            out[:size].copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return _EventCompletion(event, (out, src))
+
+    def close(self) -> None:
+        if self.memory is None:
+            return
+        torch = self._torch
+        torch.cuda.synchronize(self.device)
+        cudart = torch.cuda.cudart()
+        for ptr in self._registered:
+            cudart.cudaHostUnregister(ptr)
+        self._registered.clear()
+        self.memory = None

@@ -1,0 +1,377 @@
+"""The HBM tier: one device pool allocated once, sub-allocated by :class:`OffsetAllocator`.
+
+Objects live at offsets of a :class:`~gdskv.tiers.devpool.DevicePool`; an eviction policy
+(LRU or FIFO, :mod:`gdskv.tiers.policies`) orders them. When a put does not fit, the tier
+evicts into a :class:`HostSink` (the DRAM tier, through :class:`DramSink`):
+
+1. the victim leaves the policy and its bytes start copying to a host buffer the sink
+   reserved (``pool.to_host_async``: a CUDA stream on a GPU) — state EVICTING;
+2. while the copy runs the object stays readable from HBM (``get_into`` serves it);
+3. once the copy is done (:meth:`HbmTier.poll`, or a put waiting for room) the sink
+   publishes the host copy, the object leaves HBM, and its device bytes are freed as soon
+   as no reader holds them.
+
+An object removed or overwritten while EVICTING is forgotten at once; its host copy is
+then abandoned (``sink.complete(..., ok=False)``), never published, so a stale value never
+reaches DRAM. A sink that cannot take a victim (DRAM full) makes the tier try the next one;
+when nothing can be evicted in ``put_timeout_s``, the put raises :class:`NoSpaceError`.
+
+Thread-safe: metadata changes under one lock; device copies run outside it on pinned
+entries (``readers``), as in the DRAM tier.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from gdskv.errors import GdskvError, InvalidValueError, NoSpaceError, StoreClosedError
+from gdskv.tiers.allocator import OffsetAllocator
+from gdskv.tiers.devpool import Completion, DevicePool
+from gdskv.tiers.policies import make_policy
+
+#: Allocation granularity in the pool: 256 B, the CUDA allocation alignment.
+HBM_ALIGNMENT = 256
+
+
+class HostSink:
+    """Where evicted objects go. ``reserve(key, size)`` returns a writable host buffer of
+    ``size`` bytes that stays valid until ``complete`` (or None: no room now);
+    ``complete(key, buffer, ok)`` publishes it (ok) or abandons it (not ok)."""
+
+    def reserve(self, key: bytes, size: int) -> Optional[memoryview]:  # pragma: no cover
+        raise NotImplementedError
+
+    def complete(self, key: bytes, buffer: memoryview, ok: bool) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class DramSink(HostSink):
+    """Evicts into a :class:`gdskv.tiers.dram.DramTier`, under ``lock`` (the lock that
+    guards that tier). A published copy replaces any older DRAM entry of the key and
+    carries its CRC, computed from the copied bytes. ``on_published(entry)`` runs under
+    ``lock`` after each publication (an owning store queues the entry for offload there)."""
+
+    def __init__(
+        self,
+        dram: Any,
+        lock: "threading.Lock | threading.RLock",
+        *,
+        on_published: Optional[Callable[[Any], None]] = None,
+    ) -> None:
+        self.dram = dram
+        self.lock = lock
+        self.on_published = on_published
+        self._pending: Dict[Tuple[bytes, int], Any] = {}
+
+    def reserve(self, key: bytes, size: int) -> Optional[memoryview]:
+        with self.lock:
+            entry = self.dram.allocator.allocate(size)
+            if entry is None:
+                return None
+            from gdskv.tiers.dram import DramEntry
+
+            entry = DramEntry(key, entry, size, 0)
+            view = self.dram.view(entry)
+            self._pending[(key, id(view))] = entry
+            return view
+
+    def complete(self, key: bytes, buffer: memoryview, ok: bool) -> None:
+        from gdskv.tiers.backends.record import checksum
+
+        crc = checksum(key, buffer) if ok else 0
+        with self.lock:
+            entry = self._pending.pop((key, id(buffer)))
+            if not ok:
+                entry.detached = True
+                self.dram.written(entry)  # frees the bytes
+                return
+            entry.crc = crc
+            old = self.dram.lookup(key)
+            if old is not None:
+                self.dram.detach(old)
+            self.dram.entries[key] = entry
+            self.dram.written(entry)
+            self.dram.commit(entry)
+            if self.on_published is not None:
+                self.on_published(entry)
+
+
+class HbmState(enum.Enum):
+    RESIDENT = "resident"
+    EVICTING = "evicting"  # copy to the host in flight; still readable here
+
+
+class HbmEntry:
+    __slots__ = ("key", "offset", "size", "state", "readers", "detached", "copy", "host")
+
+    def __init__(self, key: bytes, offset: int, size: int) -> None:
+        self.key = key
+        self.offset = offset
+        self.size = size
+        self.state = HbmState.RESIDENT
+        self.readers = 0
+        self.detached = False
+        self.copy: Optional[Completion] = None
+        self.host: Optional[memoryview] = None
+
+
+class HbmTier:
+    """Device-resident objects with eviction into a host sink. See the module docstring."""
+
+    def __init__(
+        self,
+        pool: DevicePool,
+        sink: HostSink,
+        *,
+        policy: str = "lru",
+        put_timeout_s: float = 5.0,
+    ) -> None:
+        self.pool = pool
+        self.sink = sink
+        self.allocator = OffsetAllocator(pool.nbytes, alignment=HBM_ALIGNMENT)
+        self.capacity = self.allocator.capacity
+        self.policy = make_policy(policy)
+        self.put_timeout_s = put_timeout_s
+        self.entries: Dict[bytes, HbmEntry] = {}
+        self._evicting: List[HbmEntry] = []  # copies in flight, oldest first
+        self._lock = threading.Lock()
+        self._closed = False
+        self.counters = {"puts": 0, "hits": 0, "misses": 0, "evictions": 0, "evictions_abandoned": 0,
+                         "eviction_failures": 0, "sink_full": 0}
+
+    # -- public API --------------------------------------------------------------
+
+    def put(self, key: bytes, value: Any) -> None:
+        """Store ``value`` (a device array of the pool's kind, or a host buffer) under
+        ``key``, replacing an older value. Evicts into the sink to make room; raises
+        NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a value
+        larger than the pool."""
+        size = self.pool.size_of(value)
+        if size <= 0 or size > self.capacity:
+            raise GdskvError("value does not fit in the HBM tier", key=key, size=size, capacity=self.capacity)
+        entry = self._reserve(key, size)
+        try:
+            self.pool.write(entry.offset, value)
+        except BaseException:
+            with self._lock:
+                entry.readers -= 1
+                self._detach(entry)
+            raise
+        with self._lock:
+            entry.readers -= 1
+            if entry.detached:  # the tier closed while it was being written
+                self._release(entry)
+                return
+            old = self.entries.get(key)
+            if old is not None:  # a concurrent put of the key finished first: last one wins
+                self._detach(old)
+            self.entries[key] = entry
+            self.policy.insert(key)
+            self.counters["puts"] += 1
+
+    def get_into(self, key: bytes, out: Any) -> Optional[int]:
+        """Copy the object into ``out`` (device-to-device for a device ``out``); return its
+        size, or None when it is not in HBM. An EVICTING object is still served; an ``out``
+        smaller than the object is an InvalidValueError."""
+        room = self.pool.size_of(out)
+        with self._lock:
+            self._check_open()
+            self._reap()
+            entry = self.entries.get(key)
+            if entry is None:
+                self.counters["misses"] += 1
+                return None
+            if room < entry.size:
+                raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
+            entry.readers += 1
+            self.policy.touch(key)
+        try:
+            self.pool.read_into(entry.offset, entry.size, out)
+        finally:
+            with self._lock:
+                entry.readers -= 1
+                self._release(entry)
+        with self._lock:
+            self.counters["hits"] += 1
+        return entry.size
+
+    def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Any]) -> List[Optional[int]]:
+        """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here."""
+        if len(keys) != len(outs):
+            raise InvalidValueError("keys and outputs differ in length", keys=len(keys), outs=len(outs))
+        return [self.get_into(key, out) for key, out in zip(keys, outs)]
+
+    def contains(self, key: bytes) -> bool:
+        with self._lock:
+            self._reap()
+            return key in self.entries
+
+    def state(self, key: bytes) -> Optional[HbmState]:
+        with self._lock:
+            entry = self.entries.get(key)
+            return None if entry is None else entry.state
+
+    def remove(self, key: bytes) -> bool:
+        """Forget ``key``; an eviction of it in flight is abandoned. True if it was here."""
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                return False
+            self._detach(entry)
+            return True
+
+    def evict(self, nbytes: int) -> int:
+        """Start evicting at least ``nbytes`` (in policy order); return the bytes started."""
+        with self._lock:
+            self._check_open()
+            return self._start_evictions(nbytes)
+
+    def poll(self) -> int:
+        """Finish the evictions whose copies are done; return how many finished."""
+        with self._lock:
+            return self._reap()
+
+    def drain(self, timeout: Optional[float] = None) -> None:
+        """Wait for every eviction in flight and finish them."""
+        with self._lock:
+            pending = list(self._evicting)
+        for entry in pending:
+            if entry.copy is not None:
+                entry.copy.wait(timeout)
+        self.poll()
+
+    @property
+    def used(self) -> int:
+        return self.allocator.used
+
+    def stats(self) -> Dict[str, Any]:
+        with self._lock:
+            return {
+                "pool": self.pool.kind,
+                "capacity": self.capacity,
+                "used": self.allocator.used,
+                "objects": len(self.entries),
+                "evicting": len(self._evicting),
+                "policy": self.policy.name,
+                **self.counters,
+            }
+
+    def close(self) -> None:
+        """Finish evictions in flight (their copies are published), then free the pool."""
+        with self._lock:
+            if self._closed:
+                return
+        self.drain()
+        with self._lock:
+            self._closed = True
+            self.entries.clear()
+            self.policy = make_policy(self.policy.name)
+        self.pool.close()
+
+    # -- internals (lock held) ---------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("HBM tier is closed")
+
+    def _reserve(self, key: bytes, size: int) -> HbmEntry:
+        deadline = time.monotonic() + self.put_timeout_s
+        while True:
+            with self._lock:
+                self._check_open()
+                self._reap()
+                old = self.entries.get(key)
+                if old is not None:
+                    self._detach(old)
+                offset = self.allocator.allocate(size)
+                if offset is not None:
+                    entry = HbmEntry(key, offset, size)
+                    entry.readers = 1  # the writer; invisible until put() registers it
+                    return entry
+                self._start_evictions(size - self.allocator.largest_free)
+                waiting = self._evicting[0] if self._evicting else None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoSpaceError("no room in the HBM tier", key=key, size=size, used=self.used, capacity=self.capacity)
+            if waiting is None or waiting.copy is None:
+                # Nothing in flight: room can only come from readers letting go.
+                time.sleep(min(0.001, left))
+            else:
+                waiting.copy.wait(left)
+
+    def _start_evictions(self, nbytes: int) -> int:
+        started = 0
+        for key in self.policy.victims():
+            if started >= nbytes:
+                break
+            entry = self.entries[key]
+            host = self.sink.reserve(key, entry.size)
+            if host is None:
+                self.counters["sink_full"] += 1
+                continue
+            self.policy.remove(key)
+            entry.state = HbmState.EVICTING
+            entry.host = host
+            entry.readers += 1  # the copy reads the device bytes
+            try:
+                entry.copy = self.pool.to_host_async(entry.offset, entry.size, host)
+            except BaseException:
+                entry.readers -= 1
+                entry.state = HbmState.RESIDENT
+                entry.host = None
+                self.policy.insert(key)
+                self.sink.complete(key, host, False)
+                raise
+            self._evicting.append(entry)
+            started += self.allocator.size_of(entry.offset)
+        return started
+
+    def _reap(self) -> int:
+        finished = 0
+        still: List[HbmEntry] = []
+        for entry in self._evicting:
+            if entry.copy is None or not entry.copy.done():
+                still.append(entry)
+                continue
+            finished += 1
+            failed = False
+            try:
+                entry.copy.wait(0)
+            except Exception:
+                failed = True
+            ok = not entry.detached and not failed
+            self.sink.complete(entry.key, entry.host, ok)
+            entry.host = None
+            entry.copy = None
+            entry.readers -= 1
+            if ok:
+                self.counters["evictions"] += 1
+                if self.entries.get(entry.key) is entry:
+                    del self.entries[entry.key]
+                entry.detached = True
+            elif failed and not entry.detached:  # the copy broke: the object stays here
+                self.counters["eviction_failures"] += 1
+                entry.state = HbmState.RESIDENT
+                self.policy.insert(entry.key)
+            else:
+                self.counters["evictions_abandoned"] += 1
+            self._release(entry)
+        self._evicting = still
+        return finished
+
+    def _detach(self, entry: HbmEntry) -> None:
+        if entry.detached:
+            return
+        entry.detached = True
+        if self.entries.get(entry.key) is entry:
+            del self.entries[entry.key]
+            self.policy.remove(entry.key)
+        self._release(entry)
+
+    def _release(self, entry: HbmEntry) -> None:
+        if entry.detached and entry.readers == 0 and entry.offset >= 0:
+            self.allocator.free(entry.offset)
+            entry.offset = -1

@@ -1,0 +1,244 @@
+"""Every I/O engine, with and without O_DIRECT: the same contract, the same bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import block, uring_unavailable
+from gdskv.errors import IoError, StoreClosedError
+from gdskv.gds import IoRequest, make_engine
+from gdskv.gds.aligned import alloc_aligned, is_direct_fd
+
+
+def _engine(name: str, direct: bool, **kw):
+    if name == "uring":
+        if uring_unavailable():
+            pytest.skip(uring_unavailable())
+        from gdskv.gds.uring import UringEngine
+
+        return UringEngine(direct=direct, **kw)
+    from gdskv.gds.psync import PsyncEngine
+
+    return PsyncEngine(direct=direct, **kw)
+
+
+@pytest.fixture(params=[("psync", False), ("psync", True), ("uring", False), ("uring", True)], ids=lambda p: f"{p[0]}-{'direct' if p[1] else 'buffered'}")
+def engine(request):
+    name, direct = request.param
+    # Small staging chunks so that modest requests already span several of them.
+    eng = _engine(name, direct, chunk_bytes=64 << 10)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def datafile(tmp_path, engine):
+    path = tmp_path / "data"
+    fd = engine.open_file(path, os.O_RDWR | os.O_CREAT)
+    yield fd, str(path)
+    os.close(fd)
+
+
+def _read(engine, fd, path, offset, size) -> bytes:
+    out = bytearray(size)
+    assert engine.run([IoRequest.read(fd, offset, memoryview(out), path=path)]) == [size]
+    return bytes(out)
+
+
+def test_open_file_uses_o_direct_only_when_asked(engine, datafile):
+    fd, _ = datafile
+    assert is_direct_fd(fd) == engine.direct
+    assert engine.describe()["direct"] == engine.direct
+
+
+def test_unaligned_writes_and_reads_round_trip(engine, datafile):
+    fd, path = datafile
+    data = block(1, 300_001)
+    view = memoryview(data)
+    # Three buffers of odd lengths, at an odd offset, in one request.
+    assert engine.run([IoRequest.write(fd, 777, view[:5], view[5:70_000], view[70_000:], path=path)]) == [len(data)]
+    assert os.fstat(fd).st_size == 777 + len(data)  # block padding never shows as file length
+    assert _read(engine, fd, path, 777, len(data)) == data
+    out = bytearray(len(data))
+    parts = [memoryview(out)[:3], memoryview(out)[3:200_000], memoryview(out)[200_000:]]
+    assert engine.run([IoRequest.read(fd, 777, *parts, path=path)]) == [len(data)]
+    assert out == data
+
+
+def test_partial_block_overwrite_keeps_its_neighbours(engine, datafile):
+    fd, path = datafile
+    base = block(2, 3 * 4096)
+    engine.run([IoRequest.write(fd, 0, memoryview(base), path=path)])
+    engine.run([IoRequest.write(fd, 4090, memoryview(b"0123456789ab"), path=path)])
+    expect = base[:4090] + b"0123456789ab" + base[4102:]
+    assert _read(engine, fd, path, 0, len(base)) == expect
+
+
+def test_aligned_buffers_are_moved_in_place(engine, datafile):
+    fd, path = datafile
+    src = alloc_aligned(1 << 20)
+    dst = alloc_aligned(1 << 20)
+    src.view[:] = block(3, 1 << 20)
+    assert engine.run([IoRequest.write(fd, 8192, src.view, path=path)]) == [1 << 20]
+    assert engine.run([IoRequest.read(fd, 8192, dst.view, path=path)]) == [1 << 20]
+    assert dst.view == src.view
+    src.close()
+    dst.close()
+
+
+def test_a_batch_larger_than_the_queue_and_the_staging(tmp_path):
+    for name in ("psync", "uring"):
+        eng = _engine(name, True, chunk_bytes=4096, **({"depth": 4, "slots": 2} if name == "uring" else {"threads": 2}))
+        path = tmp_path / f"batch-{name}"
+        fd = eng.open_file(path, os.O_RDWR | os.O_CREAT)
+        values = [block(10 + i, 1000 + 37 * i) for i in range(50)]
+        offsets = [i * 8192 + 13 for i in range(50)]
+        eng.run([IoRequest.write(fd, o, memoryview(v), path=str(path)) for o, v in zip(offsets, values)])
+        outs = [bytearray(len(v)) for v in values]
+        sizes = eng.run([IoRequest.read(fd, o, memoryview(b), path=str(path)) for o, b in zip(offsets, outs)])
+        assert sizes == [len(v) for v in values]
+        assert outs == [bytearray(v) for v in values]
+        os.close(fd)
+        eng.close()
+
+
+def test_more_buffers_than_iov_max(engine, datafile):
+    fd, path = datafile
+    data = block(4, 1500 * 8)
+    pieces = [memoryview(data)[i * 8 : (i + 1) * 8] for i in range(1500)]
+    assert engine.run([IoRequest.write(fd, 0, *pieces, path=path)]) == [len(data)]
+    assert _read(engine, fd, path, 0, len(data)) == data
+
+
+def test_short_read_past_end_of_file_is_an_error_with_context(engine, datafile):
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(5, 10_000)), path=path)])
+    with pytest.raises(IoError) as info:
+        engine.run([IoRequest.read(fd, 8192, memoryview(bytearray(8192)), path=path)])
+    assert "short read" in str(info.value)
+    assert info.value.context["path"] == path and info.value.context["offset"] == 8192
+    assert info.value.context["expected"] == 8192 and info.value.context["got"] == 10_000 - 8192
+
+
+def test_a_failing_request_fails_alone(engine, datafile):
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(6, 4096)), path=path)])
+    good = bytearray(4096)
+    bad_fd = os.open(os.devnull, os.O_WRONLY)  # reading a write-only fd: EBADF
+    try:
+        outcomes = engine.submit(
+            [IoRequest.read(bad_fd, 0, memoryview(bytearray(4096)), path="/dev/null"), IoRequest.read(fd, 0, memoryview(good), path=path)]
+        ).outcomes()
+    finally:
+        os.close(bad_fd)
+    assert isinstance(outcomes[0], IoError) and outcomes[0].context["errno"] == errno.EBADF
+    assert outcomes[0].context["path"] == "/dev/null"
+    assert outcomes[1] == 4096 and bytes(good) == block(6, 4096)
+
+
+def test_future_done_and_await(engine, datafile):
+    fd, path = datafile
+    data = block(7, 200_000)
+    fut = engine.submit([IoRequest.write(fd, 100, memoryview(data), path=path)])
+    assert fut.result() == [len(data)]
+    assert fut.done()
+    out = bytearray(len(data))
+
+    async def read():
+        return await engine.submit([IoRequest.read(fd, 100, memoryview(out), path=path)])
+
+    assert asyncio.run(read()) == [len(data)]
+    assert out == data
+
+
+def test_threads_get_their_own_rings_and_the_same_bytes(engine, datafile):
+    fd, path = datafile
+    values = {t: block(100 + t, 50_000 + t) for t in range(4)}
+    errors = []
+    all_done = threading.Barrier(5)
+    checked = threading.Event()
+
+    def work(t):
+        try:
+            off = t * 65536 + 11
+            for _ in range(5):
+                engine.run([IoRequest.write(fd, off, memoryview(values[t]), path=path)])
+                assert _read(engine, fd, path, off, len(values[t])) == values[t]
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        all_done.wait()
+        checked.wait()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    all_done.wait()
+    rings = engine.describe().get("rings")
+    checked.set()
+    for th in threads:
+        th.join()
+    assert errors == []
+    if engine.name == "uring":
+        assert rings >= 4  # one per thread while the threads live; released when they end
+
+
+def test_closed_engine_refuses_work(tmp_path):
+    eng = make_engine("psync")
+    eng.close()
+    eng.close()  # idempotent
+    with pytest.raises(StoreClosedError):
+        eng.submit([IoRequest.read(0, 0, memoryview(bytearray(1)))])
+
+
+def test_no_buffer_is_held_after_io(engine, datafile):
+    """The caller's buffers are released when the batch completes (a bytearray that is
+    still exported cannot be resized)."""
+    fd, path = datafile
+    buf = bytearray(block(8, 10_000))
+    for _ in range(3):
+        engine.run([IoRequest.write(fd, 0, memoryview(buf), path=path)])
+        engine.run([IoRequest.read(fd, 0, memoryview(buf), path=path)])
+    buf.extend(b"x")  # raises BufferError if an export leaked
+    arr = np.frombuffer(block(9, 8192), dtype=np.uint8).copy()
+    engine.run([IoRequest.write(fd, 4096, memoryview(arr), path=path)])
+    arr.resize(16384, refcheck=True)  # raises ValueError if a reference leaked
+
+
+def test_small_write_past_the_end_makes_the_file_exactly_that_long(engine, datafile):
+    fd, path = datafile
+    assert engine.run([IoRequest.write(fd, 5, memoryview(b"0123456789"), path=path)]) == [10]
+    assert os.fstat(fd).st_size == 15
+    assert _read(engine, fd, path, 0, 15) == bytes(5) + b"0123456789"
+    # Several unaligned writes extending the file at once (no two share a 4 KiB block, the
+    # engines' one rule): none trims or zeroes another.
+    values = [block(200 + i, 5000 + i) for i in range(8)]
+    offsets = [15 + i * 16384 for i in range(8)]
+    engine.run([IoRequest.write(fd, o, memoryview(v), path=path) for o, v in zip(offsets, values)])
+    assert os.fstat(fd).st_size == offsets[-1] + len(values[-1])
+    for o, v in zip(offsets, values):
+        assert _read(engine, fd, path, o, len(v)) == v
+
+
+def test_as_completed_yields_each_request_once_with_its_outcome(engine, datafile):
+    fd, path = datafile
+    values = [block(300 + i, 20_000 + 4096 * i) for i in range(10)]
+    offsets = [i * (1 << 20) for i in range(10)]
+    engine.run([IoRequest.write(fd, o, memoryview(v), path=path) for o, v in zip(offsets, values)])
+    outs = [bytearray(len(v)) for v in values]
+    requests = [IoRequest.read(fd, o, memoryview(b), path=path) for o, b in zip(offsets, outs)]
+    requests.append(IoRequest.read(fd, 20 << 20, memoryview(bytearray(4096)), path=path))  # past the end
+    seen = {}
+    for index, outcome in engine.submit(requests).as_completed():
+        assert index not in seen
+        seen[index] = outcome
+        if index < len(values):  # its bytes are in as soon as it is reported
+            assert outs[index] == values[index]
+    assert sorted(seen) == list(range(len(requests)))
+    assert [seen[i] for i in range(len(values))] == [len(v) for v in values]
+    assert isinstance(seen[len(values)], IoError)

@@ -1,0 +1,225 @@
+"""Bad input: each gets a clear GdskvError subclass, and nothing stored is lost.
+
+Every case runs against a store that holds objects on SSD only, in DRAM and on SSD, and in
+DRAM only; after the error all of them read back byte-exact, and again after a reopen.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gdskv
+from conftest import block
+from gdskv.errors import (
+    ConfigError,
+    GdskvError,
+    InvalidKeyError,
+    InvalidValueError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from gdskv.types import MAX_KEY_BYTES
+
+KiB = 1024
+OPTIONS = dict(dram="1MiB", ssd="8MiB", offload="watermark", bucket_bytes=256 * KiB, bucket_max_age_s=0.01)
+STORED = {"on-ssd": block(1, 100 * KiB), "both": block(2, 5000), "dram-only": block(3, 7)}
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store holding STORED: "on-ssd" only on SSD, "both" in DRAM and on SSD (promoted),
+    "dram-only" only in DRAM (watermark offload, far below the watermark)."""
+    path = tmp_path / "store"
+    with gdskv.open(path, **OPTIONS) as s:
+        s.put("on-ssd", STORED["on-ssd"])
+        s.put("both", STORED["both"])
+    s = gdskv.open(path, promote_after_reads=1, **OPTIONS)
+    assert s.get("both") == STORED["both"] and s.stats()["promoted"] == 1
+    s.put("dram-only", STORED["dram-only"])
+    yield s
+    s.close()
+
+
+def verify_intact(s) -> None:
+    for key, value in STORED.items():
+        assert s.get(key) == value, key
+    assert len(s) == len(STORED)
+
+
+def verify_intact_after_reopen(s) -> None:
+    s.close()
+    with gdskv.open(s.path, **OPTIONS) as again:
+        verify_intact(again)
+
+
+def readonly_array(n: int) -> np.ndarray:
+    a = np.zeros(n, dtype=np.uint8)
+    a.flags.writeable = False
+    return a
+
+
+BAD_CALLS = {
+    # values
+    "value int": (lambda s: s.put("new", 42), InvalidValueError),
+    "value str": (lambda s: s.put("new", "text is not a buffer"), InvalidValueError),
+    "value list": (lambda s: s.put("new", [1, 2, 3]), InvalidValueError),
+    "value None": (lambda s: s.put("new", None), InvalidValueError),
+    "value strided": (lambda s: s.put("new", np.arange(100, dtype=np.uint8)[::2]), InvalidValueError),
+    "value empty bytes": (lambda s: s.put("new", b""), InvalidValueError),
+    "value empty array": (lambda s: s.put("new", np.empty(0, dtype=np.float32)), InvalidValueError),
+    "value larger than DRAM": (lambda s: s.put("new", bytes((1 << 20) + 1)), InvalidValueError),
+    "overwrite larger than DRAM": (lambda s: s.put("both", bytes((1 << 20) + 1), overwrite=True), InvalidValueError),
+    "batch value bad": (lambda s: s.batch_put(["new1", "new2"], [3.5, b"ok"]), InvalidValueError),
+    "batch lengths": (lambda s: s.batch_put(["a", "b"], [b"x"]), InvalidValueError),
+    # keys
+    "key empty str": (lambda s: s.put("", b"x"), InvalidKeyError),
+    "key empty bytes": (lambda s: s.get(b""), InvalidKeyError),
+    "key too long": (lambda s: s.put("k" * (MAX_KEY_BYTES + 1), b"x"), InvalidKeyError),
+    "key too long once encoded": (lambda s: s.put("é" * (MAX_KEY_BYTES // 2 + 1), b"x"), InvalidKeyError),
+    "key int": (lambda s: s.put(3, b"x"), InvalidKeyError),
+    "key None get": (lambda s: s.get(None), InvalidKeyError),
+    "key float get_into": (lambda s: s.get_into(1.5, bytearray(8)), InvalidKeyError),
+    "key tuple remove": (lambda s: s.remove(("on-ssd",)), InvalidKeyError),
+    "key list exists": (lambda s: s.exists(["on-ssd"]), InvalidKeyError),
+    "key in batch": (lambda s: s.batch_exists(["on-ssd", 7]), InvalidKeyError),
+    # output buffers
+    "out too small (ssd)": (lambda s: s.get_into("on-ssd", bytearray(100 * KiB - 1)), InvalidValueError),
+    "out too small (dram)": (lambda s: s.get_into("dram-only", bytearray(6)), InvalidValueError),
+    "out bytes": (lambda s: s.get_into("both", bytes(5000)), InvalidValueError),
+    "out read-only array": (lambda s: s.get_into("on-ssd", readonly_array(100 * KiB)), InvalidValueError),
+    "out read-only view": (lambda s: s.get_into("both", memoryview(bytearray(5000)).toreadonly()), InvalidValueError),
+    "out not a buffer": (lambda s: s.get_into("both", "out"), InvalidValueError),
+    "out empty": (lambda s: s.get_into("both", bytearray(0)), InvalidValueError),
+    "batch out too small": (
+        lambda s: s.batch_get_into(["both", "on-ssd"], [bytearray(5000), bytearray(10)]),
+        InvalidValueError,
+    ),
+    "batch outs lengths": (lambda s: s.batch_get_into(["both", "on-ssd"], [bytearray(5000)]), InvalidValueError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_call_raises_a_clear_error_and_keeps_everything(store, case):
+    call, error = BAD_CALLS[case]
+    with pytest.raises(error) as info:
+        call(store)
+    assert isinstance(info.value, GdskvError) and str(info.value)
+    verify_intact(store)
+    assert not store.exists("new") and not store.exists("new1")
+    verify_intact_after_reopen(store)
+
+
+def test_too_small_outs_are_left_untouched(store):
+    outs = [bytearray(b"\xaa" * 5000), bytearray(b"\xbb" * 10)]
+    with pytest.raises(InvalidValueError) as info:
+        store.batch_get_into(["both", "on-ssd"], outs)
+    assert info.value.context["size"] == 100 * KiB and info.value.context["got"] == 10
+    assert outs[0] == b"\xaa" * 5000 and outs[1] == b"\xbb" * 10  # nothing written to any
+
+
+def test_boundary_inputs_are_accepted(store):
+    longest = "k" * MAX_KEY_BYTES
+    store.put(longest, b"\x01")
+    store.put("one byte", b"\x02")
+    wide = np.zeros(100 * KiB // 8 + 1, dtype=np.float64)  # a larger out of another dtype
+    assert store.get_into("on-ssd", wide) == 100 * KiB
+    assert wide.view(np.uint8)[: 100 * KiB].tobytes() == STORED["on-ssd"]
+    assert store.get(longest) == b"\x01" and store.get("one byte") == b"\x02"
+    for key, value in STORED.items():
+        assert store.get(key) == value
+
+
+CLOSED_CALLS = {
+    "put": lambda s: s.put("new", b"x"),
+    "batch_put": lambda s: s.batch_put(["new"], [b"x"]),
+    "get": lambda s: s.get("on-ssd"),
+    "get_into": lambda s: s.get_into("on-ssd", bytearray(100 * KiB)),
+    "batch_get_into": lambda s: s.batch_get_into(["both"], [bytearray(5000)]),
+    "exists": lambda s: s.exists("both"),
+    "remove": lambda s: s.remove("both"),
+    "flush": lambda s: s.flush(),
+    "check": lambda s: s.check(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CLOSED_CALLS))
+def test_use_after_close_is_a_store_closed_error(store, call):
+    store.close()
+    with pytest.raises(StoreClosedError) as info:
+        CLOSED_CALLS[call](store)
+    assert info.value.context["path"] == str(store.path)
+    store.close()  # idempotent
+    with gdskv.open(store.path, **OPTIONS) as again:
+        verify_intact(again)
+
+
+def test_store_path_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "a-file"
+    path.write_bytes(b"keep me")
+    with pytest.raises(ConfigError, match="not a directory") as info:
+        gdskv.open(path, **OPTIONS)
+    assert info.value.context["path"] == str(path)
+    assert path.read_bytes() == b"keep me"
+
+
+LOCK_PROBE = """
+import sys, gdskv
+try:
+    gdskv.open(sys.argv[1], dram="1MiB", ssd="8MiB")
+except gdskv.StoreLockedError as exc:
+    print("StoreLockedError", exc.context["path"])
+else:
+    print("opened")
+"""
+
+
+def test_second_process_is_refused_while_the_store_is_open(store):
+    probe = [sys.executable, "-c", LOCK_PROBE, str(store.path)]
+    out = subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out == ["StoreLockedError", str(store.path)]
+    with pytest.raises(StoreLockedError):  # a second open in this process is refused too
+        gdskv.open(store.path, **OPTIONS)
+    verify_intact(store)
+    store.close()
+    out = subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert out == ["opened"]  # the lock went with the close
+    with gdskv.open(store.path, **OPTIONS) as again:
+        verify_intact(again)
+
+
+CONFIG_CASES = {
+    # case: (options, the bad name, names the error must list)
+    "eviction": ({"eviction": "lfu"}, "lfu", ["lru", "fifo"]),
+    "ssd_eviction": ({"ssd_eviction": "random"}, "random", ["lru", "fifo"]),
+    "offload": ({"offload": "lazy"}, "lazy", ["eager", "watermark"]),
+    "backend": ({"backend": "rocksdb"}, "rocksdb", ["bucket"]),
+    "io_engine": ({"io_engine": "aio"}, "aio", ["psync"]),
+    "verify_on_open": ({"verify_on_open": "paranoid"}, "paranoid", ["index", "full"]),
+    "unknown option": ({"colour": "blue"}, "colour", ["dram", "ssd", "eviction", "offload", "bucket_bytes", "put_timeout_s"]),
+    "misspelt option": ({"evicton": "lru"}, "evicton", ["eviction"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_unknown_config_names_list_the_valid_ones(store, case):
+    options, bad, valid = CONFIG_CASES[case]
+    path = store.path.parent / "other"
+    with pytest.raises(ConfigError) as info:
+        gdskv.open(path, **{**OPTIONS, **options})
+    text = str(info.value)
+    assert bad in text
+    for name in valid:
+        assert name in text, f"{name} missing from: {text}"
+    assert not path.exists()  # refused before anything was created
+    verify_intact(store)
+
+
+def test_unknown_name_from_the_environment_lists_the_valid_ones(store, monkeypatch):
+    monkeypatch.setenv("GDSKV_OFFLOAD", "sometimes")
+    with pytest.raises(ConfigError, match="eager, watermark"):
+        gdskv.open(store.path.parent / "other", dram="1MiB", ssd="8MiB")
+    verify_intact(store)

@@ -1,0 +1,55 @@
+"""Smoke runs of benchmarks/bench_io.py with tiny sizes: it runs, and prints its table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_io.py"
+TINY = ["--size", "512KiB", "--sizes", "256KiB", "--rand-objects", "32", "--rand-ops", "64", "--repeat", "1", "--no-fio-install"]
+
+
+def run_bench(tmp_path, env=None, engines="psync,uring"):
+    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", engines, *TINY]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def table_rows(out: str):
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("engine "))
+    return [line.split() for line in lines[start + 2 :] if line.strip()]
+
+
+def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
+    out = run_bench(tmp_path, env)
+    assert "# machine:" in out and "# filesystem:" in out and "# fio:" in out
+    rows = table_rows(out)
+    engines = {r[0] for r in rows}
+    assert "psync" in engines
+    assert {r[1] for r in rows} == {"bucket", "offset", "file_per_key"}
+    per_combo = 3  # write and read of 256 KiB objects, 4 KiB random reads
+    assert len(rows) == per_combo * 3 * len(engines)
+    if "fio-" in out:  # with fio, every row carries a ratio
+        assert all(r[-1].endswith("x") or r[-2].endswith("x") or "met" in r or "MISSED" in r for r in rows)
+
+
+def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):
+    empty = tmp_path / "no-tools"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty), "PYTHONPATH": str(SCRIPT.parent.parent)}
+    out = run_bench(tmp_path, env, engines="psync")
+    assert "fio: not available" in out
+    rows = table_rows(out)
+    assert rows and all("-" in r for r in rows)  # no fio figure, no ratio
+    assert all(("MiB/s" in r) or ("IOPS" in r) for r in rows)
+
+
+if not SCRIPT.exists():  # pragma: no cover
+    pytest.skip("benchmarks/bench_io.py missing", allow_module_level=True)

@@ -1,0 +1,260 @@
+"""Concurrency: readers, writers, removes, the offloader and eviction at once; every read
+verified byte-exact, no deadlock."""
+
+from __future__ import annotations
+
+import random
+import struct
+import threading
+from typing import Optional
+
+import numpy as np
+import pytest
+
+import gdskv
+from conftest import block
+from gates import Gate
+
+KiB = 1024
+
+
+def test_promotion_of_bytes_read_before_an_overwrite_does_not_serve_them(make_store):
+    # A reader fetched the old value of "k" from SSD and is held just before promoting it
+    # to DRAM. Meanwhile "k" is overwritten with a value of the same size, the new value is
+    # offloaded and evicted from DRAM. Promoting the old bytes now would serve them from
+    # DRAM under the new value's checksum.
+    store = make_store(dram="1MiB", promote_after_reads=1, eviction="lru")
+    old, new = block(1, 256 * KiB), block(2, 256 * KiB)
+
+    def push_out_of_dram(tag):
+        # Four more 256 KiB values fill the 1 MiB arena: the oldest entry goes to SSD only.
+        for i in range(4):
+            store.put(f"{tag}{i}", block(100 + i, 256 * KiB))
+        store.flush()
+        for i in range(4):
+            store.remove(f"{tag}{i}")
+
+    store.put("k", old)
+    store.flush()
+    push_out_of_dram("a")
+    assert store.stats()["dram"]["objects"] == 0
+
+    promote = store._maybe_promote = Gate(store._maybe_promote, lambda k, data: k == b"k")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(store.get("k")))
+    reader.start()
+    promote.wait_reached()
+    store.put("k", new, overwrite=True)
+    store.flush()
+    push_out_of_dram("b")
+    assert store.stats()["dram"]["objects"] == 0
+    promote.open()
+    reader.join(10)
+    assert got == [old]  # the read itself began before the overwrite
+    assert store.get("k") == new
+    assert store.get("k") == new  # also once served from DRAM
+
+
+
+def test_watermark_put_waiting_on_a_fragmented_arena_gets_room(make_store):
+    # DRAM usage is below the low watermark, but removes left only 100 KiB holes: a 200 KiB
+    # put fits nowhere, and every object is DRAM-only (nothing evictable yet). The waiting
+    # put must make the offloader write cold objects so that evicting them makes room,
+    # rather than time out with NoSpaceError.
+    store = make_store(dram="1MiB", offload="watermark", put_timeout_s=10.0, promote_after_reads=0)
+    values = {f"k{i}": block(i, 100 * KiB) for i in range(9)}  # 88% of DRAM: below high
+    for key, value in values.items():
+        store.put(key, value)
+    for i in (1, 3, 5, 7):
+        store.remove(f"k{i}")
+        del values[f"k{i}"]
+    assert store.stats()["offload"]["objects"] == 0
+    big = block(99, 200 * KiB)
+    store.put("big", big)
+    values["big"] = big
+    s = store.stats()
+    assert s["puts"]["waited"] >= 1 and s["puts"]["no_space"] == 0
+    assert s["offload"]["objects"] >= 1 and s["dram"]["dropped"] == 0
+    for key, value in values.items():
+        assert store.get(key) == value
+
+
+
+@pytest.mark.parametrize("then", ["remove", "overwrite"])
+def test_put_whose_key_is_removed_while_its_bytes_are_copied(make_store, then):
+    # The copy of "a" into DRAM is held; meanwhile "a" is removed (or overwritten) and "b"
+    # is put, and would be given the memory "a" was reserved. That memory must stay "a"'s
+    # until its copy is over: "b" is never overwritten, and the put of "a" does not fail.
+    store = make_store(dram="1MiB", ssd=0)
+    va, vb = block(1, 256 * KiB), block(2, 256 * KiB)
+    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"a")
+    errors = []
+
+    def put_a():
+        try:
+            store.put("a", va)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    writer = threading.Thread(target=put_a)
+    writer.start()
+    copy.wait_reached()
+    if then == "remove":
+        assert store.remove("a") is False  # not readable yet, but forgotten
+    else:
+        store.put("a", block(3, 1000), overwrite=True)
+    store.put("b", vb)
+    copy.open()
+    writer.join(10)
+    assert not errors
+    assert store.get("b") == vb
+    assert store.get("a") == (None if then == "remove" else block(3, 1000))
+    expected_used = 256 * KiB + (0 if then == "remove" else 1024)
+    assert store.stats()["dram"]["used_bytes"] == expected_used  # a's reservation was freed
+
+
+# ---------------------------------------------------------------- the stress scenario
+
+SIZES = [16, 1000, 4096, 10_000, 64 * KiB, 200 * KiB]
+HEADER = struct.Struct("<QQ")  # key id, version: every value says what it is
+
+
+def payload(kid: int, ver: int) -> bytes:
+    size = SIZES[(kid * 7 + ver) % len(SIZES)]
+    return HEADER.pack(kid, ver) + block(kid * 100_000 + ver, size - HEADER.size)
+
+
+def verify_value(kid: int, data, versions: set) -> None:
+    """``data`` read for key ``kid`` is, byte for byte, one version that was put under it."""
+    got_kid, ver = HEADER.unpack_from(data)
+    assert got_kid == kid, f"key {kid} served the value of key {got_kid}"
+    assert ver in versions, f"key {kid} served version {ver}, never put"
+    assert bytes(data) == payload(kid, ver), f"key {kid} version {ver} torn or mixed"
+
+
+class Workload:
+    """Writers own disjoint key ranges (put, overwrite, remove, and read their own keys
+    back exactly); readers read every range with get, get_into and batch_get_into; a
+    maintenance thread flushes and checks. Errors from any thread are collected."""
+
+    def __init__(self, store, writers=3, readers=3, keys_per_writer=30, seed=0) -> None:
+        self.store = store
+        self.keys = keys_per_writer
+        self.nwriters = writers
+        self.versions = {kid: set() for kid in range(writers * keys_per_writer)}
+        self.current: dict[int, Optional[int]] = {kid: None for kid in self.versions}
+        self.errors: list = []
+        self.stop = threading.Event()
+        self.seed = seed
+        self.reads_verified = 0
+        self.writers_done = threading.Event()
+        self.writers = [threading.Thread(target=self._guard, args=(self._writer, w), name=f"writer{w}") for w in range(writers)]
+        self.readers = [threading.Thread(target=self._guard, args=(self._reader, r), name=f"reader{r}") for r in range(readers)]
+        self.maintenance = threading.Thread(target=self._guard, args=(self._maintain, 0), name="maintenance")
+
+    def _guard(self, fn, n) -> None:
+        try:
+            fn(n)
+        except BaseException as exc:  # surfaced by run()
+            self.errors.append((threading.current_thread().name, exc))
+            self.stop.set()
+
+    def _writer(self, w: int) -> None:
+        rng = random.Random(self.seed * 1000 + w)
+        mine = range(w * self.keys, (w + 1) * self.keys)
+        for step in range(150):
+            if self.stop.is_set():
+                return
+            kid = rng.choice(mine)
+            key = f"k{kid}"
+            op = rng.random()
+            if op < 0.65:
+                ver = step + 1
+                self.versions[kid].add(ver)  # before the put: a reader may see it at once
+                self.store.put(key, payload(kid, ver), overwrite=True)
+                self.current[kid] = ver
+            elif op < 0.8:
+                assert self.store.remove(key) == (self.current[kid] is not None)
+                self.current[kid] = None
+            expected = self.current[kid]
+            got = self.store.get(key)  # only this thread writes this key: exact
+            if expected is None:
+                assert got is None, f"{key} removed but read back"
+            else:
+                assert got is not None and bytes(got) == payload(kid, expected), f"{key} not its latest value"
+
+    def _reader(self, r: int) -> None:
+        rng = random.Random(self.seed * 1000 + 500 + r)
+        big = bytearray(max(SIZES))
+        while not self.writers_done.is_set() and not self.stop.is_set():
+            kid = rng.randrange(len(self.versions))
+            how = rng.random()
+            if how < 0.3:
+                got = self.store.get(f"k{kid}")
+                if got is not None:
+                    verify_value(kid, got, self.versions[kid])
+                    self.reads_verified += 1
+            elif how < 0.6:
+                n = self.store.get_into(f"k{kid}", big)
+                if n is not None:
+                    verify_value(kid, memoryview(big)[:n], self.versions[kid])
+                    self.reads_verified += 1
+            else:
+                kids = [rng.randrange(len(self.versions)) for _ in range(5)]
+                outs = [np.empty(max(SIZES), dtype=np.uint8) for _ in kids]
+                sizes = self.store.batch_get_into([f"k{k}" for k in kids], outs)
+                for k, out, n in zip(kids, outs, sizes):
+                    if n is not None:
+                        verify_value(k, out[:n].tobytes(), self.versions[k])
+                        self.reads_verified += 1
+
+    def _maintain(self, _n: int) -> None:
+        while not self.stop.is_set():
+            self.store.flush()
+            report = self.store.check()
+            assert report.ok, f"check() under load reported {report.corrupt_keys}"
+
+    def run(self) -> None:
+        """Start everything; readers and maintenance run until the writers are done."""
+        threads = [*self.writers, *self.readers, self.maintenance]
+        for t in threads:
+            t.start()
+        for t in self.writers:
+            t.join(60)
+        self.writers_done.set()
+        self.stop.set()
+        for t in [*self.readers, self.maintenance]:
+            t.join(60)
+        alive = [t.name for t in threads if t.is_alive()]
+        assert not alive, f"threads still running (deadlock?): {alive}"
+        assert not self.errors, self.errors
+
+    def verify_final(self, store) -> None:
+        for kid, ver in self.current.items():
+            got = store.get(f"k{kid}")
+            if ver is None:
+                assert got is None
+            else:
+                assert got is not None and bytes(got) == payload(kid, ver)
+        assert len(store) == sum(v is not None for v in self.current.values())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("eviction", ["lru", "fifo"])
+@pytest.mark.parametrize("offload", ["eager", "watermark"])
+def test_threads_put_get_and_remove_with_offload_and_eviction(make_store, tmp_path, eviction, offload):
+    options = dict(
+        dram="2MiB", ssd="64MiB", eviction=eviction, ssd_eviction=eviction, offload=offload,
+        bucket_bytes=256 * KiB, bucket_max_age_s=0.005, promote_after_reads=2, put_timeout_s=30.0,
+    )
+    store = make_store(**options)
+    work = Workload(store, seed={"lru": 1, "fifo": 2}[eviction] * 10 + {"eager": 1, "watermark": 2}[offload])
+    work.run()
+    work.verify_final(store)
+    s = store.stats()
+    assert work.reads_verified > 100
+    assert s["dram"]["evicted"] > 0 and s["nvme"]["hits"] > 0 and s["offload"]["objects"] > 0
+    assert s["dram"]["dropped"] == 0 and s["nvme"]["corrupt_reads"] == 0
+    store.close()
+    with gdskv.open(tmp_path / "store", **options) as reopened:
+        work.verify_final(reopened)

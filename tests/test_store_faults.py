@@ -1,0 +1,188 @@
+"""Faults on the SSD path: failed and short reads, a full disk, and the fallback engines."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import gdskv
+from conftest import block, uring_unavailable
+from gdskv.gds import IoOp, make_engine
+from gdskv.gds.faulty import FaultyEngine
+from gdskv.gds.iovec import EngineUnavailableError
+
+DATA_PATHS = {"bucket": "buckets", "offset": "offset", "file_per_key": "files"}
+
+
+#: Retry a failed offload after 20 ms instead of a second (keeps the suite fast).
+FAST_RETRY_S = 0.02
+
+
+def open_faulty(tmp_path, backend, engine_name, **fields):
+    """A store whose engine is wrapped by a FaultyEngine (returned too)."""
+    fields = {"dram_bytes": 16 << 20, "ssd_bytes": 64 << 20, "bucket_bytes": 1 << 20, "bucket_max_age_s": 0.01,
+              "offload_retry_s": FAST_RETRY_S, **fields}
+    cfg = gdskv.StoreConfig(backend=backend, io_engine=engine_name, **fields)
+    faulty = FaultyEngine(make_engine(engine_name, direct=True, directory=tmp_path))
+    return gdskv.Store(tmp_path / "store", cfg, engine=faulty), faulty
+
+
+def put_on_ssd_only(tmp_path, backend, engine_name, values):
+    """Write ``values`` to SSD, then reopen with a faulty engine: DRAM is empty."""
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB", backend=backend, io_engine=engine_name) as store:
+        for key, value in values.items():
+            store.put(key, value)
+    return open_faulty(tmp_path, backend, engine_name, promote_after_reads=0)
+
+
+@pytest.mark.parametrize("kind", ["eio", "short"])
+def test_a_failed_read_is_a_miss_never_bytes(tmp_path, backend_engine, kind, caplog):
+    backend, engine_name = backend_engine
+    values = {"victim": block(1, 100_000), "bystander": block(2, 50_000)}
+    store, faulty = put_on_ssd_only(tmp_path, backend, engine_name, values)
+    with store:
+        faulty.inject(kind, op=IoOp.READ, times=1)
+        out = np.full(100_000, 7, dtype=np.uint8)
+        with caplog.at_level(logging.WARNING, logger="gdskv"):
+            assert store.get_into("victim", out) is None  # whatever reached `out`, it is not served
+        assert faulty.injected == 1
+        stats = store.stats()
+        assert stats["nvme"]["read_errors"] == 1 and stats["gets"]["misses"] == 1
+        assert not store.exists("victim")  # the replica is marked missing
+        assert store.get("bystander") == values["bystander"]
+        message = " ".join(r.getMessage() for r in caplog.records)
+        assert DATA_PATHS[backend] in message and "offset" in message
+        assert ("Input/output error" if kind == "eio" else "short read") in message
+
+
+def test_a_truncated_file_is_a_short_read_and_a_miss(tmp_path):
+    values = {"k": block(3, 300_000)}
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB", backend="bucket", io_engine="psync") as store:
+        store.put("k", values["k"])
+    (data,) = (tmp_path / "store" / "buckets").glob("*.data")
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB", backend="bucket", io_engine="psync") as store:
+        os.truncate(data, 100_000)  # behind the store's back, after it verified sizes at open
+        assert store.get("k") is None
+        assert store.stats()["nvme"]["read_errors"] == 1
+
+
+def test_enospc_while_offloading_pauses_keeps_dram_and_resumes(tmp_path, backend_engine):
+    backend, engine_name = backend_engine
+    store, faulty = open_faulty(tmp_path, backend, engine_name)
+    values = {f"k{i}": block(10 + i, 200_000 + i) for i in range(8)}
+    with store:
+        faulty.inject("enospc", op=IoOp.WRITE)
+        for key, value in values.items():
+            store.put(key, value)
+        with pytest.raises(gdskv.IoError) as info:
+            store.flush()
+        assert info.value.context["errno"] == errno.ENOSPC
+        offload = store.stats()["offload"]
+        assert offload["disk_full"] and offload["failures"] >= 1 and "No space" in offload["last_error"]
+        assert store.stats()["dram"]["objects"] == len(values)  # nothing lost, all readable
+        for key, value in values.items():
+            assert store.get(key) == value
+        assert store.stats().get("nvme", {}).get("objects", 0) == 0
+
+        faulty.clear()  # space freed
+        store.flush()
+        stats = store.stats()
+        assert not stats["offload"]["disk_full"] and stats["offload"]["last_error"] is None
+        assert stats["nvme"]["objects"] == len(values)
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB", backend=backend, io_engine=engine_name) as store:
+        for key, value in values.items():
+            assert store.get(key) == value
+
+
+@pytest.mark.parametrize("backend", ["bucket", "file_per_key"])
+def test_a_really_full_filesystem_pauses_offload_until_space_is_freed(tiny_fs, backend):
+    filler = tiny_fs / "filler"
+    filler.write_bytes(bytes((4 << 20) - (256 << 10)))  # leave 256 KiB: the store's metadata fits
+    values = {f"k{i}": block(20 + i, 300_000) for i in range(4)}
+    with gdskv.open(tiny_fs / "store", dram="8MiB", ssd="64MiB", backend=backend, io_engine="psync",
+                     bucket_bytes=1 << 20, offload_retry_s=FAST_RETRY_S) as store:
+        for key, value in values.items():
+            store.put(key, value)
+        with pytest.raises(gdskv.IoError) as info:
+            store.flush()
+        assert info.value.context["errno"] == errno.ENOSPC
+        assert store.stats()["offload"]["disk_full"]
+        assert all(store.get(k) == v for k, v in values.items())
+        filler.unlink()
+        store.flush()
+        assert not store.stats()["offload"]["disk_full"]
+        assert store.stats()["nvme"]["objects"] == len(values)
+    assert not list(tiny_fs.rglob("*.tmp"))  # failed attempts left nothing behind
+
+
+def test_forced_psync(make_store):
+    store = make_store(io_engine="psync")
+    store.put("a", block(1, 10_000))
+    store.flush()
+    engine = store.stats()["io_engine"]
+    assert engine["name"] == "psync" and "reason" not in engine
+
+
+def test_auto_says_what_it_chose_and_why(make_store, caplog):
+    with caplog.at_level(logging.INFO, logger="gdskv"):
+        store = make_store(io_engine="auto")
+    engine = store.stats()["io_engine"]
+    lines = [r.getMessage() for r in caplog.records if "io engine" in r.getMessage()]
+    assert len(lines) == 1 and engine["name"] in lines[0] and engine["reason"] in lines[0]
+    if uring_unavailable():
+        assert engine["name"] == "psync" and engine["reason"].startswith("io_uring unusable")
+    else:
+        assert engine["name"] == "uring" and engine["reason"].startswith("io_uring available")
+    assert engine["direct"] and "O_DIRECT on" in engine["reason"]
+
+
+def test_without_liburing_uring_is_a_clear_error_and_auto_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "liburing", None)  # as if the extra were not installed
+    with pytest.raises(EngineUnavailableError) as info:
+        make_engine("uring")
+    assert "gdskv[uring]" in str(info.value)
+    engine = make_engine("auto", direct=True, directory=tmp_path)
+    try:
+        assert engine.name == "psync" and "liburing" in engine.reason
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("engine_name", ["auto", "psync", "uring"])
+def test_buffered_io_on_a_filesystem_that_refuses_o_direct(ramfs_dir, engine_name):
+    if engine_name == "uring" and uring_unavailable():
+        pytest.skip(uring_unavailable())
+    values = {f"r{i}": block(30 + i, 5000 + 999 * i) for i in range(5)}
+    with gdskv.open(ramfs_dir / "store", dram="4MiB", ssd="16MiB", io_engine=engine_name) as store:
+        for key, value in values.items():
+            store.put(key, value)
+        store.flush()
+        engine = store.stats()["io_engine"]
+        if engine_name == "auto":
+            assert not engine["direct"] and "refuses O_DIRECT" in engine["reason"]
+        else:
+            assert engine["direct"] and engine["direct_refused"] >= 1  # asked, refused, buffered
+    with gdskv.open(ramfs_dir / "store", dram="4MiB", ssd="16MiB", io_engine=engine_name, promote_after_reads=0) as store:
+        for key, value in values.items():
+            assert store.get(key) == value
+
+
+def test_direct_io_off_on_tmpfs(make_store):
+    path = "/dev/shm"
+    if not os.path.isdir(path):
+        pytest.skip("no /dev/shm")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=path) as d:
+        with gdskv.open(d, dram="4MiB", ssd="16MiB", direct_io=False, io_engine="auto") as store:
+            store.put("t", block(40, 12_345))
+            store.flush()
+            engine = store.stats()["io_engine"]
+            assert not engine["direct"] and "direct_io off" in engine["reason"]
+        with gdskv.open(d, dram="4MiB", ssd="16MiB", direct_io=False, promote_after_reads=0) as store:
+            assert store.get("t") == block(40, 12_345)

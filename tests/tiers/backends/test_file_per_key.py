@@ -1,0 +1,129 @@
+"""The file-per-key backend: hash-named files, keys that cannot escape, recovery checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import block
+from gdskv.gds import make_engine
+from gdskv.tiers.backends.file_per_key import FilePerKeyBackend, file_name
+from gdskv.tiers.backends.record import RECORD_HEADER, checksum, decode_head
+
+MiB = 1 << 20
+
+NASTY_KEYS = [
+    b"../../../../etc/passwd",
+    b"/absolute/path",
+    b"a\x00b",
+    b"..",
+    b".",
+    b"x" * 4096,
+    "ключ/с/слешами".encode(),
+    b"\xff\xfe\n\t",
+]
+
+
+@pytest.fixture
+def engine():
+    eng = make_engine("psync", direct=True)
+    yield eng
+    eng.close()
+
+
+def open_backend(root, engine, **kw) -> FilePerKeyBackend:
+    kw.setdefault("capacity", 16 * MiB)
+    backend = FilePerKeyBackend(root, engine, **kw)
+    backend.recover()
+    return backend
+
+
+def items(values: dict):
+    return [(k, memoryview(v), checksum(k, v)) for k, v in values.items()]
+
+
+def read(backend, key: bytes, size: int):
+    out = bytearray(size)
+    n = backend.read_batch([(key, memoryview(out))])[0]
+    return None if n is None else bytes(out[:n])
+
+
+def all_files(root):
+    return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names]
+
+
+def test_no_key_escapes_the_store_directory(tmp_path, engine):
+    store_dir = tmp_path / "store"
+    backend = open_backend(store_dir, engine)
+    values = {key: block(i, 100 + i) for i, key in enumerate(NASTY_KEYS)}
+    backend.write(items(values))
+    files = all_files(tmp_path)
+    assert len(files) == len(NASTY_KEYS)
+    for path in files:
+        rel = os.path.relpath(path, store_dir / "files")
+        shard1, shard2, name = rel.split(os.sep)
+        assert name.endswith(".rec") and name.startswith(shard1 + shard2) and len(name) == 32 + 4
+    for key, value in values.items():
+        assert backend.path_of(key).name == file_name(key)
+        assert read(backend, key, len(value)) == value
+    backend.close()
+    again = open_backend(store_dir, engine)
+    assert sorted(again.keys()) == sorted(NASTY_KEYS)  # keys come from the file headers
+    again.close()
+
+
+def test_the_file_is_one_self_describing_record(tmp_path, engine):
+    backend = open_backend(tmp_path, engine)
+    value = block(1, 10_001)
+    backend.write(items({b"inspect me": value}))
+    raw = backend.path_of(b"inspect me").read_bytes()
+    header = decode_head(raw)
+    assert raw[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len] == b"inspect me"
+    assert raw[4096 : 4096 + len(value)] == value and header.value_len == len(value)
+    assert len(raw) % 4096 == 0
+    backend.close()
+
+
+def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, engine):
+    backend = open_backend(tmp_path, engine)
+    backend.write(items({b"good": block(1, 5000), b"renamed": block(2, 5000), b"truncated": block(3, 9000)}))
+    backend.close()
+    good = backend.path_of(b"good")
+    (good.parent / (good.name + ".tmp")).write_bytes(b"half a write")
+    renamed = backend.path_of(b"renamed")
+    os.rename(renamed, renamed.with_name("0" * 32 + ".rec"))  # its name no longer matches its key
+    truncated = backend.path_of(b"truncated")
+    os.truncate(truncated, 4096 + 100)
+    again = FilePerKeyBackend(tmp_path, engine, capacity=16 * MiB)
+    report = again.recover()
+    assert again.keys() == [b"good"]
+    assert report.dropped_torn == 1 and report.dropped_corrupt == 2
+    assert all_files(tmp_path / "files") == [str(good)]
+    again.close()
+
+
+def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, engine):
+    backend = open_backend(tmp_path, engine, capacity=MiB)
+    values = {f"f{i}".encode(): block(i, 100_000) for i in range(20)}  # ~2 MiB of records
+    evicted = []
+    for key, value in values.items():
+        evicted += backend.write(items({key: value}))
+    assert backend.used_bytes <= MiB and evicted[:2] == [b"f0", b"f1"]  # FIFO
+    assert len(all_files(tmp_path / "files")) == len(backend)
+    assert backend.remove(b"f19") and not backend.remove(b"f19")
+    assert not backend.path_of(b"f19").exists()
+    backend.close()
+    assert b"f19" not in open_backend(tmp_path, engine, capacity=MiB)
+
+
+def test_a_corrupt_file_is_a_miss_and_is_deleted(tmp_path, engine):
+    backend = open_backend(tmp_path, engine)
+    backend.write(items({b"k": block(5, 30_000)}))
+    path = backend.path_of(b"k")
+    with open(path, "r+b") as f:
+        f.seek(4096 + 10)
+        f.write(b"\x00\x01\x02")
+    assert read(backend, b"k", 30_000) is None
+    assert backend.counters["corrupt_reads"] == 1 and not path.exists()
+    backend.close()
