@@ -15,7 +15,9 @@ Scheduler side (``KVConnectorRole.SCHEDULER``):
 - ``get_num_new_matched_tokens(request, num_computed_tokens)``: the leading whole pages of
   the prompt that gdskv holds (store or save queue), at most all but the last token, minus
   what vLLM's own prefix cache already has. Side-effect free; loads are synchronous
-  (``False``). A store that is down answers 0 (misses and a warning).
+  (``False``). A store that is down answers 0 (misses and a warning). Requests whose KV
+  depends on more than their token ids (multimodal inputs, a LoRA adapter, a cache salt,
+  prompt embeddings) are neither looked up nor saved.
 - ``update_state_after_alloc``: remembers which of the request's blocks receive the pages
   to load. ``build_connector_meta``: one :class:`GdskvConnectorMetadata` per step with the
   loads of newly scheduled requests and the saves of the prompt pages whose KV this step
@@ -136,6 +138,7 @@ class _Request:
     block_ids: List[int] = dataclasses.field(default_factory=list)
     saved_pages: int = 0
     load: Optional[Tuple[int, int]] = None  # (start page, pages) to load next step
+    cacheable: bool = True  # False: KV depends on more than the tokens (see _cacheable)
 
 
 class GdskvConnector(KVConnectorBase_V1):
@@ -189,6 +192,8 @@ class GdskvConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         """Tokens beyond ``num_computed_tokens`` that gdskv can load (whole pages, never the
         last prompt token); always synchronous."""
+        if not _cacheable(request):
+            return 0, False
         tokens = list(request.prompt_token_ids or ())
         usable = max(0, (len(tokens) - 1) // self.page_size)
         if usable == 0 or num_computed_tokens >= usable * self.page_size:
@@ -206,7 +211,9 @@ class GdskvConnector(KVConnectorBase_V1):
         """Remember the request's blocks and, when ``num_external_tokens``, the pages to load."""
         state = self._requests.get(request.request_id)
         if state is None:
-            state = self._requests[request.request_id] = _Request(token_ids=list(request.prompt_token_ids or ()))
+            state = self._requests[request.request_id] = _Request(
+                token_ids=list(request.prompt_token_ids or ()), cacheable=_cacheable(request)
+            )
         local, _ = self._hits.pop(request.request_id, (0, 0))
         if num_external_tokens > 0:
             state.load = (local // self.page_size, num_external_tokens // self.page_size)
@@ -220,7 +227,7 @@ class GdskvConnector(KVConnectorBase_V1):
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
             if state is None:
-                state = self._requests[new.req_id] = _Request(token_ids=list(new.prompt_token_ids or ()))
+                state = self._requests[new.req_id] = _Request(token_ids=list(new.prompt_token_ids or ()), cacheable=_cacheable(new))
             state.block_ids = list(new.block_ids[0])
             self._plan(meta, new.req_id, state, new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
@@ -250,7 +257,7 @@ class GdskvConnector(KVConnectorBase_V1):
             meta.loads.append(PageSpan(req_id, state.token_ids, state.block_ids[start : start + n], start))
         full = min(computed_after, len(state.token_ids)) // self.page_size
         full = min(full, len(state.block_ids))
-        if full > state.saved_pages:
+        if full > state.saved_pages and state.cacheable:
             start = state.saved_pages
             meta.saves.append(PageSpan(req_id, state.token_ids, state.block_ids[start:full], start))
             state.saved_pages = full
@@ -418,6 +425,18 @@ class GdskvConnector(KVConnectorBase_V1):
                     del _workers[self._worker_key]
         release_store(self.store)
         _live.discard(self)
+
+
+def _cacheable(request: Any) -> bool:
+    """Whether a request's KV is a function of its token ids alone, as gdskv's keys are:
+    not with multimodal inputs, a LoRA adapter or a cache salt (those are not in the keys
+    yet), nor without token ids (prompt embeddings)."""
+    return (
+        getattr(request, "prompt_token_ids", None) is not None
+        and not getattr(request, "mm_features", None)
+        and getattr(request, "lora_request", None) is None
+        and getattr(request, "cache_salt", None) is None
+    )
 
 
 def _layer_names(kv_cache_config: Any) -> List[str]:

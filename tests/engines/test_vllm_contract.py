@@ -231,3 +231,25 @@ def test_layers_whose_hooks_never_ran_are_saved_anyway_and_not_trusted_as_loaded
     for name in NAMES[:1]:
         assert torch.equal(caches[name][7], caches[name][3]) and torch.equal(caches[name][8], caches[name][4])
     worker.shutdown()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"mm_features": ["an image"]}, {"lora_request": object()}, {"cache_salt": "tenant-a"}, {"prompt_token_ids": None}],
+)
+def test_requests_whose_kv_is_not_a_function_of_the_tokens_bypass_gdskv(tmp_path, extra):
+    prompt = list(range(2 * BLOCK + 1))
+    plain = types.SimpleNamespace(request_id="p", prompt_token_ids=prompt)
+    sched = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.SCHEDULER, kv_cache_config())
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    worker.register_kv_caches(cpu_caches(1))
+    step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
+    assert worker.flush(10)
+    assert sched.get_num_new_matched_tokens(plain, 0) == (2 * BLOCK, False)
+    special = types.SimpleNamespace(**{**vars(plain), "request_id": "s", **extra})
+    assert sched.get_num_new_matched_tokens(special, 0) == (0, False)
+    sched.update_state_after_alloc(special, Blocks([5, 6, 7]), 0)
+    meta = sched.build_connector_meta(scheduler_output([new_request("s", prompt, [5, 6, 7], 0)], {"s": len(prompt)}))
+    assert meta.saves == [] and meta.loads == []
+    worker.shutdown()
+    sched.shutdown()
