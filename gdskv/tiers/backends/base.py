@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import StoreClosedError
+from gdskv.errors import InvalidValueError, StoreClosedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +85,38 @@ class StorageBackend:
 
     def check(self) -> List[bytes]:  # pragma: no cover
         raise NotImplementedError
+
+    #: Subdirectory of the store directory that holds this backend's files.
+    subdir = ""
+
+    def __init__(
+        self, root: Path, engine: Any, *, capacity: int, eviction: str = "fifo", verify_on_open: str = "index"
+    ) -> None:
+        """Set up what every backend has: its directory, engine, cap, policy and lock."""
+        from gdskv.tiers.policies import make_policy  # a sibling layer: keep this module light
+
+        self.dir = Path(root) / self.subdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.engine = engine
+        self.capacity = capacity
+        self.verify_on_open = verify_on_open
+        self._policy = make_policy(eviction)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _value_len(self, key: bytes) -> Optional[int]:
+        """Size of the stored value of ``key`` or None (lock held). The default suits
+        backends whose ``_objects`` values carry ``value_len`` (index entries)."""
+        entry = self._objects.get(key)
+        return None if entry is None else entry.value_len
+
+    def _check_out_sizes(self, items: Sequence[ReadItem]) -> None:
+        """Raise InvalidValueError, before any read starts, for an ``out`` that is too small
+        for its value (lock held)."""
+        for key, out in items:
+            size = self._value_len(key)
+            if size is not None and out.nbytes < size:
+                raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
 
     # -- shared bookkeeping ---------------------------------------------------------
     # Subclasses keep ``self._objects`` (key -> their own record of it), ``self._lock``,

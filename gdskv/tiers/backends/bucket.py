@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -31,7 +30,6 @@ from gdskv.errors import (
     CorruptionError,
     FormatVersionError,
     GdskvError,
-    InvalidValueError,
     IoError,
     NoSpaceError,
 )
@@ -51,7 +49,6 @@ from gdskv.tiers.backends.record import (
     record_buffers,
     record_size,
 )
-from gdskv.tiers.policies import make_policy
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +85,8 @@ class BucketBackend(StorageBackend):
 
     name = "bucket"
 
+    subdir = "buckets"
+
     def __init__(
         self,
         root: Path,
@@ -97,19 +96,12 @@ class BucketBackend(StorageBackend):
         eviction: str = "fifo",
         verify_on_open: str = "index",
     ) -> None:
-        self.dir = Path(root) / "buckets"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.engine = engine
-        self.capacity = capacity
-        self.verify_on_open = verify_on_open
-        self._policy = make_policy(eviction)
-        self._lock = threading.Lock()
+        super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
         self._buckets: Dict[int, _Bucket] = {}
         self._objects: Dict[bytes, _Bucket] = {}
         self._used = 0
         self._next_bucket = 1
         self._next_seq = 1
-        self._closed = False
         self.counters = {
             "buckets_written": 0,
             "bytes_written": 0,
@@ -355,11 +347,7 @@ class BucketBackend(StorageBackend):
         requests: List[IoRequest] = []
         with self._lock:
             self._check_open()
-            for key, out in items:
-                bucket = self._objects.get(key)
-                if bucket is not None and out.nbytes < bucket.entries[key].value_len:
-                    size = bucket.entries[key].value_len
-                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+            self._check_out_sizes(items)
             for i, (key, out) in enumerate(items):
                 bucket = self._objects.get(key)
                 if bucket is None:
@@ -437,6 +425,10 @@ class BucketBackend(StorageBackend):
 
     def layout_stats(self) -> dict:
         return {"buckets": len(self._buckets)}
+
+    def _value_len(self, key: bytes) -> Optional[int]:
+        bucket = self._objects.get(key)
+        return None if bucket is None else bucket.entries[key].value_len
 
     def close(self) -> None:
         with self._lock:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, IoError, NoSpaceError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -41,7 +40,6 @@ from gdskv.tiers.backends.record import (
     record_buffers,
     record_size,
 )
-from gdskv.tiers.policies import make_policy
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +55,7 @@ class FilePerKeyBackend(StorageBackend):
     """One record file per object in a two-level hash-sharded tree."""
 
     name = "file_per_key"
+    subdir = "files"
 
     def __init__(
         self,
@@ -67,17 +66,10 @@ class FilePerKeyBackend(StorageBackend):
         eviction: str = "fifo",
         verify_on_open: str = "index",
     ) -> None:
-        self.dir = Path(root) / "files"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.engine = engine
-        self.capacity = capacity
-        self.verify_on_open = verify_on_open
-        self._policy = make_policy(eviction)
-        self._lock = threading.Lock()
+        super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
         self._objects: Dict[bytes, IndexEntry] = {}
         self._used = 0
         self._next_seq = 1
-        self._closed = False
         self.counters = {
             "files_written": 0,
             "bytes_written": 0,
@@ -252,10 +244,7 @@ class FilePerKeyBackend(StorageBackend):
         try:
             with self._lock:
                 self._check_open()
-                for key, out in items:
-                    entry = self._objects.get(key)
-                    if entry is not None and out.nbytes < entry.value_len:
-                        raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=entry.value_len, got=out.nbytes)
+                self._check_out_sizes(items)
                 for i, (key, out) in enumerate(items):
                     entry = self._objects.get(key)
                     if entry is None:

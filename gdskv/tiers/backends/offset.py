@@ -43,7 +43,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -417,10 +417,7 @@ class OffsetBackend(StorageBackend):
         requests: List[IoRequest] = []
         with self._lock:
             self._check_open()
-            for key, out in items:
-                entry = self._objects.get(key)
-                if entry is not None and out.nbytes < entry.value_len:
-                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=entry.value_len, got=out.nbytes)
+            self._check_out_sizes(items)
             for i, (key, out) in enumerate(items):
                 entry = self._objects.get(key)
                 if entry is None:
