@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import InvalidValueError, StoreClosedError
+from gdskv.tiers.backends.record import checksum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,30 @@ class StorageBackend:
             size = self._value_len(key)
             if size is not None and out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+
+    def _verify_reads(
+        self, future: Any, items: Sequence[ReadItem], slots: Sequence[Tuple[int, Any]], results: List[Optional[int]]
+    ) -> List[Tuple[int, Any, str]]:
+        """Verify each read of ``future`` as soon as it completes, while the rest are in flight.
+
+        Request ``j`` of the batch read ``items[slots[j][0]]``, whose index entry is
+        ``slots[j][1]`` (with ``value_len`` and ``crc``). A verified read sets its size in
+        ``results``; the failed ones are counted and returned as ``(j, entry, why)`` for the
+        caller to drop.
+        """
+        bad: List[Tuple[int, Any, str]] = []
+        for j, outcome in future.as_completed():
+            i, entry = slots[j]
+            key, out = items[i]
+            if isinstance(outcome, BaseException):
+                self.counters["read_errors"] += 1
+                bad.append((j, entry, f"read failed: {outcome}"))
+            elif checksum(key, out[: entry.value_len]) != entry.crc:
+                self.counters["corrupt_reads"] += 1
+                bad.append((j, entry, "value checksum mismatch"))
+            else:
+                results[i] = entry.value_len
+        return bad
 
     # -- shared bookkeeping ---------------------------------------------------------
     # Subclasses keep ``self._objects`` (key -> their own record of it), ``self._lock``,

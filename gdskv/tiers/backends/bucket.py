@@ -363,25 +363,18 @@ class BucketBackend(StorageBackend):
                 self._policy.touch(bucket.id)
                 pinned.append((i, bucket, entry))
                 requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(bucket.data_path)))
+        bad: List[Tuple[_Bucket, IndexEntry, str]] = []
         try:
-            outcomes = self.engine.submit(requests).outcomes() if requests else []
+            if requests:
+                slots = [(i, entry) for i, _, entry in pinned]
+                failed = self._verify_reads(self.engine.submit(requests), items, slots, results)
+                bad = [(pinned[j][1], entry, why) for j, entry, why in failed]
         finally:
             with self._lock:
                 for _, bucket, _ in pinned:
                     bucket.readers -= 1
                     if bucket.evicted and bucket.readers == 0:
                         bucket.close_fd()
-        bad: List[Tuple[_Bucket, IndexEntry, str]] = []
-        for (i, bucket, entry), outcome in zip(pinned, outcomes):
-            key, out = items[i]
-            if isinstance(outcome, BaseException):
-                self.counters["read_errors"] += 1
-                bad.append((bucket, entry, f"read failed: {outcome}"))
-            elif checksum(key, out[: entry.value_len]) != entry.crc:
-                self.counters["corrupt_reads"] += 1
-                bad.append((bucket, entry, "value checksum mismatch"))
-            else:
-                results[i] = entry.value_len
         if bad:
             with self._lock:
                 for bucket, entry, why in bad:

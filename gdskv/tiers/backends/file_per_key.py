@@ -260,18 +260,10 @@ class FilePerKeyBackend(StorageBackend):
                     self._policy.touch(key)
                     opened.append((i, entry, fd))
                     requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(path)))
-            # Each value is verified as soon as it is in, while the rest are in flight.
-            for j, outcome in self.engine.submit(requests).as_completed() if requests else ():
-                i, entry, _ = opened[j]
-                key, out = items[i]
-                if isinstance(outcome, BaseException):
-                    self.counters["read_errors"] += 1
-                    bad.append((entry, f"read failed: {outcome}"))
-                elif checksum(key, out[: entry.value_len]) != entry.crc:
-                    self.counters["corrupt_reads"] += 1
-                    bad.append((entry, "value checksum mismatch"))
-                else:
-                    results[i] = entry.value_len
+            if requests:
+                slots = [(i, entry) for i, entry, _ in opened]
+                failed = self._verify_reads(self.engine.submit(requests), items, slots, results)
+                bad = [(entry, why) for _, entry, why in failed]
         finally:
             for _, _, fd in opened:
                 os.close(fd)

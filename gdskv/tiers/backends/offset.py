@@ -430,18 +430,8 @@ class OffsetBackend(StorageBackend):
         bad: List[Tuple[IndexEntry, str]] = []
         try:
             if requests:
-                # Each value is verified as soon as it is in, while the rest are in flight.
-                for j, outcome in self.engine.submit(requests).as_completed():
-                    i, entry = pinned[j]
-                    key, out = items[i]
-                    if isinstance(outcome, BaseException):
-                        self.counters["read_errors"] += 1
-                        bad.append((entry, f"read failed: {outcome}"))
-                    elif checksum(key, out[: entry.value_len]) != entry.crc:
-                        self.counters["corrupt_reads"] += 1
-                        bad.append((entry, "value checksum mismatch"))
-                    else:
-                        results[i] = entry.value_len
+                failed = self._verify_reads(self.engine.submit(requests), items, pinned, results)
+                bad = [(entry, why) for _, entry, why in failed]
         finally:
             with self._lock:
                 for _, entry in pinned:
