@@ -32,7 +32,14 @@ from gdskv.errors import ConfigError, InvalidValueError
 
 
 class NoPagesEngine:
-    """A paged-KV engine with a layout and no pages (lookups only)."""
+    """A paged-KV engine with a layout and no pages of its own (lookups only).
+
+    :class:`TensorPagesEngine` reuses its refusal to allocate or free: there the engine
+    allocates and frees its own KV blocks.
+    """
+
+    #: Why allocate/free are refused (the subclass says the engine manages its blocks).
+    refusal = "this engine holds no pages (lookups only)"
 
     def __init__(self, layout: PageLayout) -> None:
         self.layout = layout
@@ -44,11 +51,11 @@ class NoPagesEngine:
     def allocate(self, n: int) -> List[int]:
         if n == 0:
             return []
-        raise PoolExhaustedError("this engine holds no pages (lookups only)", wanted=n, free=0)
+        raise PoolExhaustedError(self.refusal, wanted=n, free=0)
 
     def free(self, pages: Sequence[int]) -> None:
         if list(pages):
-            raise InvalidValueError("this engine holds no pages", pages=list(pages)[:8])
+            raise InvalidValueError(self.refusal, pages=list(pages)[:8])
 
     def read_page(self, page: int, outs: Sequence[Any]) -> None:
         raise InvalidValueError("this engine holds no pages", page=page)
@@ -71,8 +78,10 @@ def find_block_dim(tensor: Any, num_blocks: int, layer_nbytes: int) -> int:
     )
 
 
-class TensorPagesEngine:
+class TensorPagesEngine(NoPagesEngine):
     """Store-level page I/O over an engine's per-layer KV tensors. See the module docstring."""
+
+    refusal = "the engine allocates and frees its own KV blocks"
 
     def __init__(self, layout: PageLayout, tensors: Sequence[Any], *, num_blocks: int) -> None:
         if layout.kind != "per_layer":
@@ -85,19 +94,6 @@ class TensorPagesEngine:
         self.block_dims = [find_block_dim(t, num_blocks, layout.layer_nbytes) for t in self.tensors]
         self.reads = 0
         self.writes = 0
-
-    @property
-    def num_free_pages(self) -> int:
-        return 0
-
-    def allocate(self, n: int) -> List[int]:
-        if n == 0:
-            return []
-        raise PoolExhaustedError("the engine allocates its own KV blocks", wanted=n, free=0)
-
-    def free(self, pages: Sequence[int]) -> None:
-        if list(pages):
-            raise InvalidValueError("the engine frees its own KV blocks", pages=list(pages)[:8])
 
     def read_page(self, page: int, outs: Sequence[Any]) -> None:
         """Copy block ``page`` of every layer into ``outs`` (one uint8 array per layer)."""

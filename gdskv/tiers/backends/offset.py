@@ -63,7 +63,6 @@ from gdskv.tiers.backends.record import (
     record_size,
 )
 from gdskv.tiers.backends.window import WINDOW_KEY, default_window, in_window, merge_extents, pick_window, scan_window
-from gdskv.tiers.policies import make_policy
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +74,7 @@ class OffsetBackend(StorageBackend):
     """One preallocated file, object-level eviction, checkpoint + window recovery."""
 
     name = "offset"
+    subdir = "offset"
 
     def __init__(
         self,
@@ -86,18 +86,13 @@ class OffsetBackend(StorageBackend):
         verify_on_open: str = "index",
         window_bytes: Optional[int] = None,
     ) -> None:
-        self.dir = Path(root) / "offset"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if capacity // ALIGN * ALIGN <= 0:
+            raise NoSpaceError("the offset backend needs at least 4 KiB", capacity=capacity)
+        # The base sets up dir, engine, policy, _lock (index, allocator, pins: held briefly).
+        super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, eviction=eviction, verify_on_open=verify_on_open)
         self.data_path = self.dir / DATA_FILE
         self.checkpoint_path = self.dir / CHECKPOINT_FILE
-        self.engine = engine
-        self.capacity = capacity // ALIGN * ALIGN
-        if self.capacity <= 0:
-            raise NoSpaceError("the offset backend needs at least 4 KiB", capacity=capacity)
-        self.verify_on_open = verify_on_open
         self.window_bytes = min(window_bytes or default_window(self.capacity), self.capacity)
-        self._policy = make_policy(eviction)
-        self._lock = threading.Lock()  # index, allocator, pins: held briefly
         self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
         self._objects: Dict[bytes, IndexEntry] = {}
