@@ -138,3 +138,13 @@ def tiny_fs(tmp_path):
         pytest.skip(reason)
     yield target
     _umount(target)
+
+
+@pytest.fixture
+def direct_psync():
+    """A psync I/O engine using O_DIRECT where the filesystem allows it, closed afterwards."""
+    from gdskv.gds import make_engine
+
+    eng = make_engine("psync", direct=True)
+    yield eng
+    eng.close()

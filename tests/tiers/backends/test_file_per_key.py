@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
+from backend_io import items, read
 from conftest import block
-from gdskv.gds import make_engine
 from gdskv.tiers.backends.file_per_key import FilePerKeyBackend, file_name
-from gdskv.tiers.backends.record import RECORD_HEADER, checksum, decode_head
+from gdskv.tiers.backends.record import RECORD_HEADER, decode_head
 
 MiB = 1 << 20
 
@@ -25,37 +24,20 @@ NASTY_KEYS = [
 ]
 
 
-@pytest.fixture
-def engine():
-    eng = make_engine("psync", direct=True)
-    yield eng
-    eng.close()
-
-
-def open_backend(root, engine, **kw) -> FilePerKeyBackend:
+def open_backend(root, direct_psync, **kw) -> FilePerKeyBackend:
     kw.setdefault("capacity", 16 * MiB)
-    backend = FilePerKeyBackend(root, engine, **kw)
+    backend = FilePerKeyBackend(root, direct_psync, **kw)
     backend.recover()
     return backend
-
-
-def items(values: dict):
-    return [(k, memoryview(v), checksum(k, v)) for k, v in values.items()]
-
-
-def read(backend, key: bytes, size: int):
-    out = bytearray(size)
-    n = backend.read_batch([(key, memoryview(out))])[0]
-    return None if n is None else bytes(out[:n])
 
 
 def all_files(root):
     return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names]
 
 
-def test_no_key_escapes_the_store_directory(tmp_path, engine):
+def test_no_key_escapes_the_store_directory(tmp_path, direct_psync):
     store_dir = tmp_path / "store"
-    backend = open_backend(store_dir, engine)
+    backend = open_backend(store_dir, direct_psync)
     values = {key: block(i, 100 + i) for i, key in enumerate(NASTY_KEYS)}
     backend.write(items(values))
     files = all_files(tmp_path)
@@ -68,13 +50,13 @@ def test_no_key_escapes_the_store_directory(tmp_path, engine):
         assert backend.path_of(key).name == file_name(key)
         assert read(backend, key, len(value)) == value
     backend.close()
-    again = open_backend(store_dir, engine)
+    again = open_backend(store_dir, direct_psync)
     assert sorted(again.keys()) == sorted(NASTY_KEYS)  # keys come from the file headers
     again.close()
 
 
-def test_the_file_is_one_self_describing_record(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_the_file_is_one_self_describing_record(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     value = block(1, 10_001)
     backend.write(items({b"inspect me": value}))
     raw = backend.path_of(b"inspect me").read_bytes()
@@ -85,8 +67,8 @@ def test_the_file_is_one_self_describing_record(tmp_path, engine):
     backend.close()
 
 
-def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"good": block(1, 5000), b"renamed": block(2, 5000), b"truncated": block(3, 9000)}))
     backend.close()
     good = backend.path_of(b"good")
@@ -95,7 +77,7 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, engine):
     os.rename(renamed, renamed.with_name("0" * 32 + ".rec"))  # its name no longer matches its key
     truncated = backend.path_of(b"truncated")
     os.truncate(truncated, 4096 + 100)
-    again = FilePerKeyBackend(tmp_path, engine, capacity=16 * MiB)
+    again = FilePerKeyBackend(tmp_path, direct_psync, capacity=16 * MiB)
     report = again.recover()
     assert again.keys() == [b"good"]
     assert report.dropped_torn == 1 and report.dropped_corrupt == 2
@@ -103,8 +85,8 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, engine):
     again.close()
 
 
-def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, engine):
-    backend = open_backend(tmp_path, engine, capacity=MiB)
+def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync, capacity=MiB)
     values = {f"f{i}".encode(): block(i, 100_000) for i in range(20)}  # ~2 MiB of records
     evicted = []
     for key, value in values.items():
@@ -114,11 +96,11 @@ def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, engine):
     assert backend.remove(b"f19") and not backend.remove(b"f19")
     assert not backend.path_of(b"f19").exists()
     backend.close()
-    assert b"f19" not in open_backend(tmp_path, engine, capacity=MiB)
+    assert b"f19" not in open_backend(tmp_path, direct_psync, capacity=MiB)
 
 
-def test_a_corrupt_file_is_a_miss_and_is_deleted(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_a_corrupt_file_is_a_miss_and_is_deleted(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"k": block(5, 30_000)}))
     path = backend.path_of(b"k")
     with open(path, "r+b") as f:

@@ -7,38 +7,20 @@ import os
 import numpy as np
 import pytest
 
+from backend_io import items, read
 from conftest import block
 from gdskv.errors import NoSpaceError
-from gdskv.gds import make_engine
 from gdskv.tiers.backends.offset import OffsetBackend
-from gdskv.tiers.backends.record import checksum
 
 MiB = 1 << 20
 
 
-@pytest.fixture
-def engine():
-    eng = make_engine("psync", direct=True)
-    yield eng
-    eng.close()
-
-
-def open_backend(root, engine, **kw) -> OffsetBackend:
+def open_backend(root, direct_psync, **kw) -> OffsetBackend:
     kw.setdefault("capacity", 16 * MiB)
     kw.setdefault("window_bytes", 1 * MiB)
-    backend = OffsetBackend(root, engine, **kw)
+    backend = OffsetBackend(root, direct_psync, **kw)
     backend.recover()
     return backend
-
-
-def items(values: dict):
-    return [(k, memoryview(v), checksum(k, v)) for k, v in values.items()]
-
-
-def read(backend, key: bytes, size: int):
-    out = bytearray(size)
-    n = backend.read_batch([(key, memoryview(out))])[0]
-    return None if n is None else bytes(out[:n])
 
 
 def crash(backend: OffsetBackend) -> None:
@@ -48,22 +30,22 @@ def crash(backend: OffsetBackend) -> None:
     backend._closed = True  # noqa: SLF001
 
 
-def test_the_file_is_preallocated(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_the_file_is_preallocated(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     st = os.stat(backend.data_path)
     assert st.st_size == 16 * MiB
     assert st.st_blocks * 512 >= 16 * MiB  # space reserved, not a sparse file
     backend.close()
 
 
-def test_writes_after_the_checkpoint_are_found_by_the_window_scan(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_writes_after_the_checkpoint_are_found_by_the_window_scan(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     values = {f"w{i}".encode(): block(i, 1000 + 4321 * i) for i in range(12)}
     backend.write(items(values))
     checkpoints = backend.counters["checkpoints"]
     crash(backend)
 
-    again = open_backend(tmp_path, engine)
+    again = open_backend(tmp_path, direct_psync)
     assert len(again) == len(values)
     for key, value in values.items():
         assert read(again, key, len(value)) == value
@@ -71,47 +53,47 @@ def test_writes_after_the_checkpoint_are_found_by_the_window_scan(tmp_path, engi
     again.close()
 
 
-def test_a_full_window_takes_a_new_checkpoint(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_a_full_window_takes_a_new_checkpoint(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     first = backend.counters["checkpoints"]
     values = {f"big{i}".encode(): block(50 + i, 300_000) for i in range(8)}  # 2.4 MiB > 1 MiB window
     for key, value in values.items():
         backend.write(items({key: value}))
     assert backend.counters["checkpoints"] > first
     crash(backend)
-    again = open_backend(tmp_path, engine)
+    again = open_backend(tmp_path, direct_psync)
     assert sorted(again.keys()) == sorted(values)
     again.close()
 
 
-def test_removal_is_durable_through_a_tombstone(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_removal_is_durable_through_a_tombstone(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     values = {b"keep": block(1, 5000), b"gone": block(2, 7000)}
     backend.write(items(values))
     backend.close()  # both in the checkpoint now
-    backend = open_backend(tmp_path, engine)
+    backend = open_backend(tmp_path, direct_psync)
     assert backend.remove(b"gone")
     assert backend.counters["tombstones"] == 1
     crash(backend)  # the checkpoint still lists "gone": only the tombstone says otherwise
-    again = open_backend(tmp_path, engine)
+    again = open_backend(tmp_path, direct_psync)
     assert again.keys() == [b"keep"]
     crash(again)
-    assert open_backend(tmp_path, engine).keys() == [b"keep"]
+    assert open_backend(tmp_path, direct_psync).keys() == [b"keep"]
 
 
-def test_an_overwrite_wins_after_reopen(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_an_overwrite_wins_after_reopen(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"k": b"old value"}))
     backend.write(items({b"k": b"new value, longer"}))
     crash(backend)
-    again = open_backend(tmp_path, engine)
+    again = open_backend(tmp_path, direct_psync)
     assert read(again, b"k", 100) == b"new value, longer"
     again.close()
 
 
 @pytest.mark.parametrize("policy", ["fifo", "lru"])
-def test_object_level_eviction_order(tmp_path, engine, policy):
-    backend = open_backend(tmp_path, engine, capacity=4 * MiB, window_bytes=MiB // 2, eviction=policy)
+def test_object_level_eviction_order(tmp_path, direct_psync, policy):
+    backend = open_backend(tmp_path, direct_psync, capacity=4 * MiB, window_bytes=MiB // 2, eviction=policy)
     values = {f"o{i:02d}".encode(): block(i, 400_000) for i in range(12)}  # ~4.7 MiB through 4 MiB
     keys = list(values)
     for key in keys[:6]:
@@ -131,24 +113,24 @@ def test_object_level_eviction_order(tmp_path, engine, policy):
     backend.close()
 
 
-def test_a_torn_record_in_the_window_is_dropped(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_a_torn_record_in_the_window_is_dropped(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"whole": block(1, 9000), b"torn": block(2, 9000)}))
     entry = backend._objects[b"torn"]  # noqa: SLF001
     crash(backend)
     with open(tmp_path / "offset" / "data", "r+b") as f:  # the value never reached the disk
         f.seek(entry.value_offset)
         f.write(bytes(9000))
-    again = open_backend(tmp_path, engine)
+    again = open_backend(tmp_path, direct_psync)
     assert again.keys() == [b"whole"]
     again.close()
 
 
-def test_a_corrupt_value_is_a_miss_and_is_dropped(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_a_corrupt_value_is_a_miss_and_is_dropped(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"k": block(3, 50_000)}))
     backend.close()
-    backend = open_backend(tmp_path, engine)
+    backend = open_backend(tmp_path, direct_psync)
     with open(tmp_path / "offset" / "data", "r+b") as f:
         f.seek(backend._objects[b"k"].value_offset + 100)  # noqa: SLF001
         f.write(b"\xff\xfe")
@@ -157,14 +139,14 @@ def test_a_corrupt_value_is_a_miss_and_is_dropped(tmp_path, engine):
     backend.close()
 
 
-def test_an_unreadable_checkpoint_starts_empty_rather_than_resurrect(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_an_unreadable_checkpoint_starts_empty_rather_than_resurrect(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"a": block(4, 3000)}))
     backend.close()
     with open(tmp_path / "offset" / "checkpoint", "r+b") as f:
         f.seek(40)
         f.write(b"garbage")
-    again = OffsetBackend(tmp_path, engine, capacity=16 * MiB, window_bytes=MiB)
+    again = OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB)
     report = again.recover()
     assert report.dropped_corrupt == 1 and len(again) == 0
     again.write(items({b"b": b"still works"}))
@@ -172,22 +154,22 @@ def test_an_unreadable_checkpoint_starts_empty_rather_than_resurrect(tmp_path, e
     again.close()
 
 
-def test_a_batch_larger_than_the_file_is_refused(tmp_path, engine):
-    backend = open_backend(tmp_path, engine, capacity=2 * MiB, window_bytes=MiB)
+def test_a_batch_larger_than_the_file_is_refused(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * MiB, window_bytes=MiB)
     with pytest.raises(NoSpaceError) as info:
         backend.write(items({b"huge": bytes(3 * MiB)}))
     assert info.value.context["capacity"] == 2 * MiB
     backend.close()
 
 
-def test_preallocation_on_a_full_filesystem_is_a_clear_error(tiny_fs, engine):
+def test_preallocation_on_a_full_filesystem_is_a_clear_error(tiny_fs, direct_psync):
     with pytest.raises(NoSpaceError) as info:
-        OffsetBackend(tiny_fs, engine, capacity=64 * MiB).recover()
+        OffsetBackend(tiny_fs, direct_psync, capacity=64 * MiB).recover()
     assert info.value.context["path"].startswith(str(tiny_fs))
 
 
-def test_reads_see_bytes_through_numpy_outputs(tmp_path, engine):
-    backend = open_backend(tmp_path, engine)
+def test_reads_see_bytes_through_numpy_outputs(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
     value = block(9, 123_457)
     backend.write(items({b"np": value}))
     out = np.zeros(200_000, dtype=np.uint8)
@@ -196,7 +178,7 @@ def test_reads_see_bytes_through_numpy_outputs(tmp_path, engine):
     backend.close()
 
 
-def test_close_waits_for_a_read_in_flight(tmp_path, engine):
+def test_close_waits_for_a_read_in_flight(tmp_path, direct_psync):
     import threading
 
     from gdskv.gds.engine import IoEngine
@@ -220,7 +202,7 @@ def test_close_waits_for_a_read_in_flight(tmp_path, engine):
         def close(self):
             pass
 
-    gated = Gated(engine)
+    gated = Gated(direct_psync)
     gated.release.set()
     backend = open_backend(tmp_path, gated)
     value = block(11, 70_000)
