@@ -11,7 +11,13 @@ Work is cut into *ops*, one submission queue entry each:
 - a *bounce* op moves one chunk of an unaligned O_DIRECT request (:mod:`gdskv.gds.bounce`)
   through one slot of the staging memory: ``slots`` chunks of ``chunk_bytes``, allocated
   page-aligned once and registered with the kernel as a fixed buffer (reads and writes then
-  use ``READV_FIXED``/``WRITEV_FIXED`` where the kernel has them).
+  use ``READV_FIXED``/``WRITEV_FIXED`` where the kernel has them);
+- a *small read* (:class:`_Small`) is a read into one buffer of an O_DIRECT file whose
+  aligned span is at most :data:`SMALL_READ` bytes, aligned or not: it always goes through a
+  staging slot (fixed buffer) and is copied out in one slice assignment, with one Python
+  object for request and op together. At a few pages, that copy costs less than checking
+  the caller's alignment and having the kernel map its pages, and it keeps the per-read
+  Python work of a batch of 4 KiB reads small.
 
 Each op points a reusable ``Iovec`` (:mod:`gdskv.gds.iovec`) at its memory; ops wait in a backlog while the ring is full (``depth`` in flight) or no staging slot is
 free, so a batch of any size and any request size works with bounded memory. Completions
@@ -41,6 +47,8 @@ from gdskv.gds.bounce import Bounce
 from gdskv.gds.engine import IoFuture, IoOp, IoRequest
 from gdskv.gds.iovec import Template
 
+_READ = IoOp.READ
+
 #: Upper bound of one poll() while waiting, so a completion reaped by another driver of
 #: the same ring can never leave a waiter asleep for long.
 _POLL_MS = 50
@@ -49,6 +57,9 @@ _POLL_MS = 50
 #: are handed to the kernel while more are prepared: the device never waits on a long copy,
 #: and small requests still go in one system call per batch.
 _REFILL_BYTES = 1 << 20
+#: Largest aligned span (bytes) of a read handled as a :class:`_Small` read.
+SMALL_READ = 16 << 10
+_SUBMIT_EVERY = 1 << 30
 
 
 class RingFuture(IoFuture):
@@ -139,6 +150,28 @@ class _Op:
         self.iov: Optional[Template] = None  # held until completion
 
 
+class _Small:
+    """A small read (see the module docstring): request and op in one object.
+
+    It transfers the aligned span ``[offset, offset + length)`` into its staging slot; it
+    is complete once ``need`` bytes (up to the request's end) are in, and then bytes
+    ``[skip, skip + dst.nbytes)`` of the slot are copied into ``dst``."""
+
+    __slots__ = ("future", "index", "request", "offset", "length", "need", "done", "dst", "skip", "slot")
+
+    def __init__(self, future: RingFuture, index: int, request: IoRequest, dst: memoryview, lo: int, hi: int) -> None:
+        self.future = future
+        self.index = index
+        self.request = request
+        self.offset = lo
+        self.length = hi - lo
+        self.skip = request.offset - lo
+        self.need = self.skip + dst.nbytes
+        self.done = 0
+        self.dst = dst
+        self.slot: Optional[int] = None
+
+
 class Ring:
     """An io_uring of ``depth`` entries with ``slots`` staging chunks. See the module docstring."""
 
@@ -162,6 +195,9 @@ class Ring:
         self._slot_views = [self._staging.view[i * chunk_bytes : (i + 1) * chunk_bytes] for i in range(slots)]
         self._free_slots = list(range(slots - 1, -1, -1))
         self._templates: Dict[int, List[Template]] = {}
+        #: One single-entry iovec per slot, used by the small read that holds the slot.
+        self._slot_iovs = [Template(lib, 1) for _ in range(slots)]
+        self._small_read = min(SMALL_READ, chunk_bytes)
         self.fixed = False
         if fixed:
             whole = Template(lib, 1)
@@ -188,7 +224,25 @@ class Ring:
                 raise StoreClosedError("io_uring is closed")
             if self.broken:
                 raise IoError("io_uring is unusable after a failed submission")
+            backlog = self._backlog
+            small = self._small_read
             for index, request in enumerate(requests):
+                buffers = request.buffers
+                if request.op is _READ and len(buffers) == 1:
+                    direct = direct_fds.get(request.fd)
+                    if direct is None:
+                        try:
+                            direct = direct_fds[request.fd] = is_direct_fd(request.fd)
+                        except OSError as exc:
+                            future._resolve(index, _io_error(request, request.offset, exc))
+                            continue
+                    dst = buffers[0]
+                    offset = request.offset
+                    lo = offset - offset % DIRECT_ALIGN
+                    hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+                    if direct and dst.nbytes and hi - lo <= small:
+                        backlog.append(_Small(future, index, request, dst, lo, hi))
+                        continue
                 req = _Req(future, index, request)
                 try:
                     ops = self._plan(req, direct_fds)
@@ -236,7 +290,7 @@ class Ring:
         """Issue what fits, submit, reap; repeat while reaping freed room. Lock held."""
         if self.broken:
             while self._backlog:
-                self._fail_op(self._backlog.popleft(), IoError("io_uring is unusable after a failed submission"))
+                self._fail_any(self._backlog.popleft(), IoError("io_uring is unusable after a failed submission"))
             self._reap()
             return
         while True:
@@ -250,8 +304,14 @@ class Ring:
 
     def _issue(self) -> None:
         L = self._L
-        while self._backlog and len(self._inflight) < self.depth:
-            op = self._backlog[0]
+        backlog = self._backlog
+        inflight = self._inflight
+        while backlog and len(inflight) < self.depth:
+            op = backlog[0]
+            if op.__class__ is _Small:
+                if not self._issue_small(op):
+                    return
+                continue
             req = op.req
             if req.error is not None:  # an earlier op of this request failed: skip the rest
                 self._backlog.popleft()
@@ -279,6 +339,39 @@ class Ring:
             self._unsubmitted_bytes += op.length
             if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
                 self._submit()
+
+    def _issue_small(self, op: _Small) -> bool:
+        """Prepare the entry of the small read at the head of the backlog; False when
+        no staging slot or no submission entry is free."""
+        L = self._L
+        slot = op.slot
+        if slot is None:
+            if not self._free_slots:
+                return False
+            slot = op.slot = self._free_slots.pop()
+        sqe = L.io_uring_get_sqe(self._ring)
+        if sqe is None:  # submission queue full: hand it to the kernel first
+            self._submit()
+            sqe = L.io_uring_get_sqe(self._ring)
+            if sqe is None:
+                return False
+        self._backlog.popleft()
+        iov = self._slot_iovs[slot]
+        done = op.done
+        iov.point(self._staging_addr + slot * self.chunk_bytes + done, op.length - done)
+        if self.fixed:
+            L.io_uring_prep_readv_fixed(sqe, op.request.fd, iov.obj, 0, op.offset + done)
+        else:
+            L.io_uring_prep_readv(sqe, op.request.fd, iov.obj, op.offset + done)
+        ident = self._next_id
+        self._next_id = ident + 1
+        sqe.user_data = ident
+        self._inflight[ident] = op
+        self._unsubmitted += 1
+        self._unsubmitted_bytes += op.length
+        if self._unsubmitted_bytes >= _REFILL_BYTES or self._unsubmitted >= _SUBMIT_EVERY:
+            self._submit()
+        return True
 
     def _prep(self, sqe: Any, op: _Op) -> None:
         L = self._L
@@ -328,7 +421,8 @@ class Ring:
         self._unsubmitted = 0
         for ident, op in lost:
             del self._inflight[ident]
-            self._fail_op(op, _io_error(op.req.request, op.offset, exc))
+            request = op.request if op.__class__ is _Small else op.req.request
+            self._fail_any(op, _io_error(request, op.offset, exc))
 
     # ------------------------------------------------------------------ completion
 
@@ -351,11 +445,40 @@ class Ring:
                 break
         if done:
             L.io_uring_cq_advance(self._ring, len(done))
+        inflight = self._inflight
         for ident, res in done:
-            op = self._inflight.pop(ident, None)
-            if op is not None:
+            op = inflight.pop(ident, None)
+            if op is None:
+                continue
+            if op.__class__ is _Small:
+                self._complete_small(op, res)  # type: ignore[arg-type]
+            else:
                 self._complete(op, res)
         return len(done)
+
+    def _complete_small(self, op: _Small, res: int) -> None:
+        request = op.request
+        if res >= 0:
+            op.done += res
+            if op.done >= op.need:
+                slot = op.slot
+                skip = op.skip
+                op.dst[:] = self._slot_views[slot][skip : skip + op.dst.nbytes]  # type: ignore[index]
+                self._free_slots.append(slot)  # type: ignore[arg-type]
+                op.future._resolve(op.index, op.dst.nbytes)
+                return
+            if res and not op.done % DIRECT_ALIGN:
+                self._backlog.appendleft(op)  # resume where it stopped, in the same slot
+                return
+            error: BaseException = IoError(
+                "short read", path=request.path, offset=request.offset, expected=op.dst.nbytes,
+                got=max(0, op.done - op.skip),
+            )
+        else:
+            error = _io_error(request, op.offset + op.done, OSError(-res, os.strerror(-res)))
+        self._free_slots.append(op.slot)  # type: ignore[arg-type]
+        op.slot = None
+        op.future._resolve(op.index, error)
 
     def _complete(self, op: _Op, res: int) -> None:
         req = op.req
@@ -383,6 +506,16 @@ class Ring:
         if op.buffers is None and request.op is IoOp.READ:
             req.bounce.drain(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr,index]
         self._finish_op(op)
+
+    def _fail_any(self, op: "_Op | _Small", exc: BaseException) -> None:
+        """Fail an op of either kind that is not in flight."""
+        if op.__class__ is _Small:
+            if op.slot is not None:
+                self._free_slots.append(op.slot)
+                op.slot = None
+            op.future._resolve(op.index, exc)  # type: ignore[union-attr]
+        else:
+            self._fail_op(op, exc)  # type: ignore[arg-type]
 
     def _fail_op(self, op: _Op, exc: BaseException) -> None:
         if op.req.error is None:

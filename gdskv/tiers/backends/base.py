@@ -34,8 +34,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from crc32c import crc32c
+
 from gdskv.errors import InvalidValueError, StoreClosedError
-from gdskv.tiers.backends.record import checksum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +134,15 @@ class StorageBackend:
         for j, outcome in future.as_completed():
             i, entry = slots[j]
             key, out = items[i]
+            size = entry.value_len
             if isinstance(outcome, BaseException):
                 self.counters["read_errors"] += 1
                 bad.append((j, entry, f"read failed: {outcome}"))
-            elif checksum(key, out[: entry.value_len]) != entry.crc:
+            elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1
-                bad.append((j, entry, "value checksum mismatch"))
+                bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
             else:
-                results[i] = entry.value_len
+                results[i] = size
         return bad
 
     # -- shared bookkeeping ---------------------------------------------------------

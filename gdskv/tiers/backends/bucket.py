@@ -30,11 +30,12 @@ from gdskv.errors import (
     CorruptionError,
     FormatVersionError,
     GdskvError,
+    InvalidValueError,
     IoError,
     NoSpaceError,
 )
 from gdskv.gds.aligned import preallocate
-from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic
 from gdskv.tiers.backends.record import (
@@ -52,6 +53,8 @@ from gdskv.tiers.backends.record import (
 
 log = logging.getLogger(__name__)
 
+_READ = IoOp.READ
+
 DATA_SUFFIX = ".data"
 INDEX_SUFFIX = ".index"
 
@@ -63,6 +66,7 @@ class _Bucket:
         self.id = bucket_id
         self.data_path = directory / f"{bucket_id:016x}{DATA_SUFFIX}"
         self.index_path = directory / f"{bucket_id:016x}{INDEX_SUFFIX}"
+        self.path = str(self.data_path)  # for error messages, made once
         self.data_len = data_len
         self.entries: Dict[bytes, IndexEntry] = {}
         self.fd: Optional[int] = None
@@ -343,38 +347,43 @@ class BucketBackend(StorageBackend):
     def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
         """Read and verify a batch of values in one engine submission."""
         results: List[Optional[int]] = [None] * len(items)
-        pinned: List[Tuple[int, _Bucket, IndexEntry]] = []
+        slots: List[Tuple[int, IndexEntry]] = []  # request j reads items[i] of entry: slots[j] = (i, entry)
+        pinned: List[_Bucket] = []  # request j's bucket
         requests: List[IoRequest] = []
+        objects = self._objects
+        touch = self._policy.touch
         with self._lock:
             self._check_open()
-            self._check_out_sizes(items)
             for i, (key, out) in enumerate(items):
-                bucket = self._objects.get(key)
+                bucket = objects.get(key)
                 if bucket is None:
                     continue
                 entry = bucket.entries[key]
-                try:
-                    fd = bucket.open_fd(self.engine)
-                except OSError as exc:
-                    self.counters["read_errors"] += 1
-                    log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
-                    continue
+                size = entry.value_len
+                if out.nbytes < size:
+                    self._unpin(pinned)
+                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+                fd = bucket.fd
+                if fd is None:
+                    try:
+                        fd = bucket.open_fd(self.engine)
+                    except OSError as exc:
+                        self.counters["read_errors"] += 1
+                        log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
+                        continue
                 bucket.readers += 1
-                self._policy.touch(bucket.id)
-                pinned.append((i, bucket, entry))
-                requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(bucket.data_path)))
+                touch(bucket.id)
+                pinned.append(bucket)
+                slots.append((i, entry))
+                requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), bucket.path))
         bad: List[Tuple[_Bucket, IndexEntry, str]] = []
         try:
             if requests:
-                slots = [(i, entry) for i, _, entry in pinned]
                 failed = self._verify_reads(self.engine.submit(requests), items, slots, results)
-                bad = [(pinned[j][1], entry, why) for j, entry, why in failed]
+                bad = [(pinned[j], entry, why) for j, entry, why in failed]
         finally:
             with self._lock:
-                for _, bucket, _ in pinned:
-                    bucket.readers -= 1
-                    if bucket.evicted and bucket.readers == 0:
-                        bucket.close_fd()
+                self._unpin(pinned)
         if bad:
             with self._lock:
                 for bucket, entry, why in bad:
@@ -385,6 +394,14 @@ class BucketBackend(StorageBackend):
                     if bucket.entries.get(entry.key) is entry:
                         self._forget(bucket, entry.key)
         return results
+
+    @staticmethod
+    def _unpin(pinned: List[_Bucket]) -> None:
+        """Release the readers' pins of ``pinned`` (one per read). Lock held."""
+        for bucket in pinned:
+            bucket.readers -= 1
+            if bucket.evicted and bucket.readers == 0:
+                bucket.close_fd()
 
     # ------------------------------------------------------------------ the rest
 

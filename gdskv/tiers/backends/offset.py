@@ -43,8 +43,8 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, IoError, NoSpaceError
-from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import unlink_quietly, write_file_atomic
@@ -65,6 +65,8 @@ from gdskv.tiers.backends.record import (
 from gdskv.tiers.backends.window import WINDOW_KEY, default_window, in_window, merge_extents, pick_window, scan_window
 
 log = logging.getLogger(__name__)
+
+_READ = IoOp.READ
 
 DATA_FILE = "data"
 CHECKPOINT_FILE = "checkpoint"
@@ -91,6 +93,7 @@ class OffsetBackend(StorageBackend):
         # The base sets up dir, engine, policy, _lock (index, allocator, pins: held briefly).
         super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, eviction=eviction, verify_on_open=verify_on_open)
         self.data_path = self.dir / DATA_FILE
+        self._path = str(self.data_path)  # for error messages, made once
         self.checkpoint_path = self.dir / CHECKPOINT_FILE
         self.window_bytes = min(window_bytes or default_window(self.capacity), self.capacity)
         self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
@@ -408,20 +411,30 @@ class OffsetBackend(StorageBackend):
     def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
         """Read and verify a batch of values in one engine submission."""
         results: List[Optional[int]] = [None] * len(items)
-        pinned: List[Tuple[int, IndexEntry]] = []
+        pinned: List[Tuple[int, IndexEntry]] = []  # request j reads items[i] of entry: pinned[j] = (i, entry)
+        starts: List[int] = []  # request j's record start: what it pins
         requests: List[IoRequest] = []
+        objects = self._objects
+        pins = self._pins
+        touch = self._policy.touch
         with self._lock:
             self._check_open()
-            self._check_out_sizes(items)
+            fd = self._fd
+            path = self._path
             for i, (key, out) in enumerate(items):
-                entry = self._objects.get(key)
+                entry = objects.get(key)
                 if entry is None:
                     continue
-                start = _record_start(entry)
-                self._pins[start] = self._pins.get(start, 0) + 1
-                self._policy.touch(key)
+                size = entry.value_len
+                if out.nbytes < size:
+                    self._unpin(starts)
+                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+                start = entry.value_offset - head_size(len(key))
+                pins[start] = pins.get(start, 0) + 1
+                touch(key)
                 pinned.append((i, entry))
-                requests.append(IoRequest.read(self._fd, entry.value_offset, out[: entry.value_len], path=str(self.data_path)))  # type: ignore[arg-type]
+                starts.append(start)
+                requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), path))  # type: ignore[arg-type]
         bad: List[Tuple[IndexEntry, str]] = []
         try:
             if requests:
@@ -429,13 +442,7 @@ class OffsetBackend(StorageBackend):
                 bad = [(entry, why) for _, entry, why in failed]
         finally:
             with self._lock:
-                for _, entry in pinned:
-                    start = _record_start(entry)
-                    self._pins[start] -= 1
-                    if not self._pins[start]:
-                        del self._pins[start]
-                if self._closed and not self._pins:
-                    self._close_fd()  # closed while this read was in flight
+                self._unpin(starts)
         if bad:
             with self._lock:
                 for entry, why in bad:
@@ -445,6 +452,18 @@ class OffsetBackend(StorageBackend):
                     )
                     self._drop(entry)
         return results
+
+    def _unpin(self, starts: List[int]) -> None:
+        """Release one pin of each record start in ``starts``. ``_lock`` held."""
+        pins = self._pins
+        for start in starts:
+            left = pins[start] - 1
+            if left:
+                pins[start] = left
+            else:
+                del pins[start]
+        if self._closed and not pins:
+            self._close_fd()  # closed while this read was in flight
 
     def _drop(self, entry: IndexEntry) -> None:
         """Forget a replica that failed verification. ``_lock`` held."""
