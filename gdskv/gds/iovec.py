@@ -55,6 +55,10 @@ class Template:
             entries[i].len = buf.nbytes
         self._count.value = len(buffers)
 
+    def entry(self, index: int) -> _CIovec:
+        """The C ``struct iovec`` at ``index``, to rewrite in place (``base``, ``len``)."""
+        return self._entries[index]
+
     def point(self, address: int, length: int) -> None:
         """Make this a single entry ``(address, length)``."""
         self._entries[0].base = address

@@ -59,7 +59,6 @@ _POLL_MS = 50
 _REFILL_BYTES = 1 << 20
 #: Largest aligned span (bytes) of a read handled as a :class:`_Small` read.
 SMALL_READ = 16 << 10
-_SUBMIT_EVERY = 1 << 30
 
 
 class RingFuture(IoFuture):
@@ -197,6 +196,9 @@ class Ring:
         self._templates: Dict[int, List[Template]] = {}
         #: One single-entry iovec per slot, used by the small read that holds the slot.
         self._slot_iovs = [Template(lib, 1) for _ in range(slots)]
+        self._slot_entries = [t.entry(0) for t in self._slot_iovs]
+        self._slot_addrs = [self._staging_addr + i * chunk_bytes for i in range(slots)]
+        self._slot_lens = [-1] * slots  # what each slot's iovec points at: length from the slot's start, or -1
         self._small_read = min(SMALL_READ, chunk_bytes)
         self.fixed = False
         if fixed:
@@ -309,7 +311,7 @@ class Ring:
         while backlog and len(inflight) < self.depth:
             op = backlog[0]
             if op.__class__ is _Small:
-                if not self._issue_small(op):
+                if not self._issue_small():
                     return
                 continue
             req = op.req
@@ -340,37 +342,54 @@ class Ring:
             if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
                 self._submit()
 
-    def _issue_small(self, op: _Small) -> bool:
-        """Prepare the entry of the small read at the head of the backlog; False when
-        no staging slot or no submission entry is free."""
+    def _issue_small(self) -> bool:
+        """Prepare entries for the small reads at the head of the backlog while a staging
+        slot, a submission entry and room in flight are free. False when it stopped for
+        lack of one of them; True when the backlog is empty or starts with another op."""
         L = self._L
-        slot = op.slot
-        if slot is None:
-            if not self._free_slots:
-                return False
-            slot = op.slot = self._free_slots.pop()
-        sqe = L.io_uring_get_sqe(self._ring)
-        if sqe is None:  # submission queue full: hand it to the kernel first
-            self._submit()
-            sqe = L.io_uring_get_sqe(self._ring)
-            if sqe is None:
-                return False
-        self._backlog.popleft()
-        iov = self._slot_iovs[slot]
-        done = op.done
-        iov.point(self._staging_addr + slot * self.chunk_bytes + done, op.length - done)
-        if self.fixed:
-            L.io_uring_prep_readv_fixed(sqe, op.request.fd, iov.obj, 0, op.offset + done)
-        else:
-            L.io_uring_prep_readv(sqe, op.request.fd, iov.obj, op.offset + done)
-        ident = self._next_id
-        self._next_id = ident + 1
-        sqe.user_data = ident
-        self._inflight[ident] = op
-        self._unsubmitted += 1
-        self._unsubmitted_bytes += op.length
-        if self._unsubmitted_bytes >= _REFILL_BYTES or self._unsubmitted >= _SUBMIT_EVERY:
-            self._submit()
+        ring = self._ring
+        get_sqe = L.io_uring_get_sqe
+        prep_fixed = L.io_uring_prep_readv_fixed if self.fixed else None
+        backlog = self._backlog
+        inflight = self._inflight
+        depth = self.depth
+        free = self._free_slots
+        iovs, entries, addrs, lens = self._slot_iovs, self._slot_entries, self._slot_addrs, self._slot_lens
+        while backlog and len(inflight) < depth:
+            op = backlog[0]
+            if op.__class__ is not _Small:
+                return True
+            slot = op.slot
+            if slot is None:
+                if not free:
+                    return False
+                slot = op.slot = free.pop()
+            sqe = get_sqe(ring)
+            if sqe is None:  # submission queue full: hand it to the kernel first
+                self._submit()
+                sqe = get_sqe(ring)
+                if sqe is None:
+                    return False
+            backlog.popleft()
+            done = op.done
+            length = op.length - done
+            if done or lens[slot] != length:  # repoint the slot's iovec (rarely: sizes repeat)
+                entry = entries[slot]
+                entry.base = addrs[slot] + done
+                entry.len = length
+                lens[slot] = -1 if done else length
+            if prep_fixed is not None:
+                prep_fixed(sqe, op.request.fd, iovs[slot].obj, 0, op.offset + done)
+            else:
+                L.io_uring_prep_readv(sqe, op.request.fd, iovs[slot].obj, op.offset + done)
+            ident = self._next_id
+            self._next_id = ident + 1
+            sqe.user_data = ident
+            inflight[ident] = op
+            self._unsubmitted += 1
+            self._unsubmitted_bytes += length
+            if self._unsubmitted_bytes >= _REFILL_BYTES:
+                self._submit()
         return True
 
     def _prep(self, sqe: Any, op: _Op) -> None:
@@ -446,13 +465,22 @@ class Ring:
         if done:
             L.io_uring_cq_advance(self._ring, len(done))
         inflight = self._inflight
+        views = self._slot_views
+        free = self._free_slots
         for ident, res in done:
             op = inflight.pop(ident, None)
-            if op is None:
-                continue
             if op.__class__ is _Small:
-                self._complete_small(op, res)  # type: ignore[arg-type]
-            else:
+                if res > 0 and op.done + res >= op.need:  # the common case, inline
+                    slot = op.slot
+                    skip = op.skip
+                    dst = op.dst
+                    n = dst.nbytes
+                    dst[:] = views[slot][skip : skip + n]
+                    free.append(slot)
+                    op.future._resolve(op.index, n)
+                else:
+                    self._complete_small(op, res)  # type: ignore[arg-type]
+            elif op is not None:
                 self._complete(op, res)
         return len(done)
 

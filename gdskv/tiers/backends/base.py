@@ -15,7 +15,10 @@ backend). Primitives and their contracts:
 - ``read_batch(items) -> list[int | None]``: fill each ``out`` with the value of ``key`` and
   return its size; ``None`` is a miss: absent, failed its checksum, or unreadable (the last
   two are counted, logged and the replica dropped). Bytes are verified before a size is
-  returned, so a returned size always means correct bytes.
+  returned, so a returned size always means correct bytes. The base class implements it
+  once (groups submitted as they are planned, each read verified as it completes);
+  backends provide ``_plan_reads`` (look up, pin, build requests), ``_unpin_reads`` and
+  ``_drop_read``.
 - ``remove(key) -> bool``: forget the object durably (a reopen does not bring it back).
 - ``check() -> list[bytes]``: verify every object; drop and return the corrupt ones' keys.
 - ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``.
@@ -32,11 +35,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from crc32c import crc32c
 
-from gdskv.errors import InvalidValueError, StoreClosedError
+from gdskv.errors import StoreClosedError
+
+if TYPE_CHECKING:
+    from gdskv.gds.engine import IoRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +65,9 @@ class RecoveryReport:
         return dataclasses.asdict(self)
 
 
+#: Reads of a batch handed to the engine at once (see :meth:`StorageBackend.read_batch`).
+READ_GROUP = 8
+
 WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
 ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
 
@@ -79,7 +88,66 @@ class StorageBackend:
     def lookup(self, key: bytes) -> Optional[ObjectInfo]:  # pragma: no cover
         raise NotImplementedError
 
-    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:  # pragma: no cover
+    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
+        """Read and verify a batch of values (see the module docstring).
+
+        The batch goes to the engine in groups of :data:`READ_GROUP`: each group is looked
+        up and pinned under the lock (:meth:`_plan_reads`) and submitted at once, so the
+        device works on the first group while the next ones are planned. Then every read
+        is verified as it completes (:meth:`_verify_reads`), the pins are released
+        (:meth:`_unpin_reads`, never while a read is in flight) and the replicas that failed
+        are dropped (:meth:`_drop_read`). An ``out`` too small for its value raises
+        :class:`InvalidValueError` before its group is submitted; groups already in flight
+        are waited for, and nothing is returned.
+        """
+        results: List[Optional[int]] = [None] * len(items)
+        plan: List[Tuple[int, Any]] = []  # request j of the batch reads items[i] of entry: plan[j] = (i, entry)
+        pins: List[Any] = []  # what request j pinned
+        futures: List[Tuple[int, Any]] = []  # (index of the group's first request, its future)
+        bad: List[Tuple[int, Any, str]] = []
+        verified = False
+        try:
+            for start in range(0, len(items), READ_GROUP):
+                first = len(plan)
+                with self._lock:
+                    self._check_open()
+                    requests = self._plan_reads(items, start, min(start + READ_GROUP, len(items)), plan, pins)
+                if requests:
+                    futures.append((first, self.engine.submit(requests)))
+            for first, future in futures:
+                self._verify_reads(future, items, plan, first, results, bad)
+            verified = True
+        finally:
+            if not verified:  # an error left reads in flight: they end before their pins go
+                for _, future in futures:
+                    try:
+                        future.outcomes()
+                    except Exception:  # noqa: BLE001 - only waiting here; the first error propagates
+                        pass
+            with self._lock:
+                self._unpin_reads(pins)
+        if bad:
+            with self._lock:
+                for j, entry, why in bad:
+                    self._drop_read(pins[j], entry, why)
+        return results
+
+    def _plan_reads(
+        self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, Any]], pins: List[Any]
+    ) -> "List[IoRequest]":  # pragma: no cover
+        """The requests that read ``items[start:end]`` (lock held). For each item stored,
+        append ``(item index, index entry)`` to ``plan``, what it pinned to ``pins``, and
+        return its request; raise :class:`InvalidValueError` (before pinning it) for an
+        ``out`` smaller than its value. Items that are missing get no request."""
+        raise NotImplementedError
+
+    def _unpin_reads(self, pins: List[Any]) -> None:  # pragma: no cover
+        """Release what :meth:`_plan_reads` pinned (lock held; no read in flight)."""
+        raise NotImplementedError
+
+    def _drop_read(self, pin: Any, entry: Any, why: str) -> None:  # pragma: no cover
+        """Log and drop the replica whose read (``pin``, ``entry``) failed for ``why``
+        (lock held), unless it was replaced meanwhile."""
         raise NotImplementedError
 
     def remove(self, key: bytes) -> bool:  # pragma: no cover
@@ -106,33 +174,26 @@ class StorageBackend:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _value_len(self, key: bytes) -> Optional[int]:
-        """Size of the stored value of ``key`` or None (lock held). The default suits
-        backends whose ``_objects`` values carry ``value_len`` (index entries)."""
-        entry = self._objects.get(key)
-        return None if entry is None else entry.value_len
-
-    def _check_out_sizes(self, items: Sequence[ReadItem]) -> None:
-        """Raise InvalidValueError, before any read starts, for an ``out`` that is too small
-        for its value (lock held)."""
-        for key, out in items:
-            size = self._value_len(key)
-            if size is not None and out.nbytes < size:
-                raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-
     def _verify_reads(
-        self, future: Any, items: Sequence[ReadItem], slots: Sequence[Tuple[int, Any]], results: List[Optional[int]]
-    ) -> List[Tuple[int, Any, str]]:
+        self,
+        future: Any,
+        items: Sequence[ReadItem],
+        plan: Sequence[Tuple[int, Any]],
+        first: int,
+        results: List[Optional[int]],
+        bad: List[Tuple[int, Any, str]],
+    ) -> None:
         """Verify each read of ``future`` as soon as it completes, while the rest are in flight.
 
-        Request ``j`` of the batch read ``items[slots[j][0]]``, whose index entry is
-        ``slots[j][1]`` (with ``value_len`` and ``crc``). A verified read sets its size in
-        ``results``; the failed ones are counted and returned as ``(j, entry, why)`` for the
-        caller to drop.
+        Request ``k`` of ``future`` is request ``j = first + k`` of the batch; it read
+        ``items[plan[j][0]]``, whose index entry is ``plan[j][1]`` (with ``value_len`` and
+        ``crc``). A read is good when the engine moved exactly ``value_len`` bytes and
+        CRC32C(key + bytes) matches: its size goes into ``results``. The failed ones are
+        counted and appended to ``bad`` as ``(j, entry, why)``.
         """
-        bad: List[Tuple[int, Any, str]] = []
-        for j, outcome in future.as_completed():
-            i, entry = slots[j]
+        for k, outcome in future.as_completed():
+            j = first + k
+            i, entry = plan[j]
             key, out = items[i]
             size = entry.value_len
             if isinstance(outcome, BaseException):
@@ -143,7 +204,6 @@ class StorageBackend:
                 bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
             else:
                 results[i] = size
-        return bad
 
     # -- shared bookkeeping ---------------------------------------------------------
     # Subclasses keep ``self._objects`` (key -> their own record of it), ``self._lock``,

@@ -344,64 +344,50 @@ class BucketBackend(StorageBackend):
             entry = bucket.entries[key]
             return ObjectInfo(entry.value_len, entry.crc)
 
-    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
-        """Read and verify a batch of values in one engine submission."""
-        results: List[Optional[int]] = [None] * len(items)
-        slots: List[Tuple[int, IndexEntry]] = []  # request j reads items[i] of entry: slots[j] = (i, entry)
-        pinned: List[_Bucket] = []  # request j's bucket
+    def _plan_reads(
+        self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[_Bucket]
+    ) -> List[IoRequest]:
+        """Requests for ``items[start:end]``, each pinning its bucket (lock held)."""
         requests: List[IoRequest] = []
         objects = self._objects
         touch = self._policy.touch
-        with self._lock:
-            self._check_open()
-            for i, (key, out) in enumerate(items):
-                bucket = objects.get(key)
-                if bucket is None:
+        for i in range(start, end):
+            key, out = items[i]
+            bucket = objects.get(key)
+            if bucket is None:
+                continue
+            entry = bucket.entries[key]
+            size = entry.value_len
+            if out.nbytes < size:
+                raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+            fd = bucket.fd
+            if fd is None:
+                try:
+                    fd = bucket.open_fd(self.engine)
+                except OSError as exc:
+                    self.counters["read_errors"] += 1
+                    log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
                     continue
-                entry = bucket.entries[key]
-                size = entry.value_len
-                if out.nbytes < size:
-                    self._unpin(pinned)
-                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-                fd = bucket.fd
-                if fd is None:
-                    try:
-                        fd = bucket.open_fd(self.engine)
-                    except OSError as exc:
-                        self.counters["read_errors"] += 1
-                        log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
-                        continue
-                bucket.readers += 1
-                touch(bucket.id)
-                pinned.append(bucket)
-                slots.append((i, entry))
-                requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), bucket.path))
-        bad: List[Tuple[_Bucket, IndexEntry, str]] = []
-        try:
-            if requests:
-                failed = self._verify_reads(self.engine.submit(requests), items, slots, results)
-                bad = [(pinned[j], entry, why) for j, entry, why in failed]
-        finally:
-            with self._lock:
-                self._unpin(pinned)
-        if bad:
-            with self._lock:
-                for bucket, entry, why in bad:
-                    log.warning(
-                        "gdskv: dropping replica of %r in %s at offset %d: %s",
-                        entry.key[:64], bucket.data_path.name, entry.value_offset, why,
-                    )
-                    if bucket.entries.get(entry.key) is entry:
-                        self._forget(bucket, entry.key)
-        return results
+            bucket.readers += 1
+            touch(bucket.id)
+            plan.append((i, entry))
+            pins.append(bucket)
+            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), bucket.path))
+        return requests
 
-    @staticmethod
-    def _unpin(pinned: List[_Bucket]) -> None:
-        """Release the readers' pins of ``pinned`` (one per read). Lock held."""
-        for bucket in pinned:
+    def _unpin_reads(self, pins: List[_Bucket]) -> None:
+        for bucket in pins:
             bucket.readers -= 1
             if bucket.evicted and bucket.readers == 0:
                 bucket.close_fd()
+
+    def _drop_read(self, bucket: _Bucket, entry: IndexEntry, why: str) -> None:
+        log.warning(
+            "gdskv: dropping replica of %r in %s at offset %d: %s",
+            entry.key[:64], bucket.data_path.name, entry.value_offset, why,
+        )
+        if bucket.entries.get(entry.key) is entry:
+            self._forget(bucket, entry.key)
 
     # ------------------------------------------------------------------ the rest
 
@@ -435,10 +421,6 @@ class BucketBackend(StorageBackend):
 
     def layout_stats(self) -> dict:
         return {"buckets": len(self._buckets)}
-
-    def _value_len(self, key: bytes) -> Optional[int]:
-        bucket = self._objects.get(key)
-        return None if bucket is None else bucket.entries[key].value_len
 
     def close(self) -> None:
         with self._lock:

@@ -25,9 +25,9 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.aligned import preallocate
-from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
 from gdskv.tiers.backends.record import (
@@ -42,6 +42,8 @@ from gdskv.tiers.backends.record import (
 )
 
 log = logging.getLogger(__name__)
+
+_READ = IoOp.READ
 
 SUFFIX = ".rec"
 
@@ -235,44 +237,41 @@ class FilePerKeyBackend(StorageBackend):
             entry = self._objects.get(key)
             return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
 
-    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
-        """Read and verify a batch of values in one engine submission."""
-        results: List[Optional[int]] = [None] * len(items)
-        opened: List[Tuple[int, IndexEntry, int]] = []
+    def _plan_reads(
+        self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[int]
+    ) -> List[IoRequest]:
+        """Requests for ``items[start:end]``, each on its file opened for it (lock held: an
+        eviction cannot unlink a file between lookup and open)."""
         requests: List[IoRequest] = []
-        bad: List[Tuple[IndexEntry, str]] = []
-        try:
-            with self._lock:
-                self._check_open()
-                self._check_out_sizes(items)
-                for i, (key, out) in enumerate(items):
-                    entry = self._objects.get(key)
-                    if entry is None:
-                        continue
-                    path = self.path_of(key)
-                    try:  # opened under the lock: an eviction cannot unlink it in between
-                        fd = self.engine.open_file(path, os.O_RDONLY)
-                    except OSError as exc:
-                        self.counters["read_errors"] += 1
-                        log.warning("gdskv: cannot open %s: %s", path, exc)
-                        self._forget(entry)
-                        continue
-                    self._policy.touch(key)
-                    opened.append((i, entry, fd))
-                    requests.append(IoRequest.read(fd, entry.value_offset, out[: entry.value_len], path=str(path)))
-            if requests:
-                slots = [(i, entry) for i, entry, _ in opened]
-                failed = self._verify_reads(self.engine.submit(requests), items, slots, results)
-                bad = [(entry, why) for _, entry, why in failed]
-        finally:
-            for _, _, fd in opened:
-                os.close(fd)
-        if bad:
-            with self._lock:
-                for entry, why in bad:
-                    log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], self.path_of(entry.key), why)
-                    self._forget(entry)
-        return results
+        for i in range(start, end):
+            key, out = items[i]
+            entry = self._objects.get(key)
+            if entry is None:
+                continue
+            size = entry.value_len
+            if out.nbytes < size:
+                raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+            path = self.path_of(key)
+            try:
+                fd = self.engine.open_file(path, os.O_RDONLY)
+            except OSError as exc:
+                self.counters["read_errors"] += 1
+                log.warning("gdskv: cannot open %s: %s", path, exc)
+                self._forget(entry)
+                continue
+            self._policy.touch(key)
+            plan.append((i, entry))
+            pins.append(fd)
+            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), str(path)))
+        return requests
+
+    def _unpin_reads(self, pins: List[int]) -> None:
+        for fd in pins:
+            os.close(fd)
+
+    def _drop_read(self, fd: int, entry: IndexEntry, why: str) -> None:
+        log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], self.path_of(entry.key), why)
+        self._forget(entry)
 
     def _forget(self, entry: IndexEntry) -> None:
         """Drop a replica that failed (its file too). Lock held."""

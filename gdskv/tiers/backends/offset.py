@@ -408,62 +408,46 @@ class OffsetBackend(StorageBackend):
             entry = self._objects.get(key)
             return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
 
-    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
-        """Read and verify a batch of values in one engine submission."""
-        results: List[Optional[int]] = [None] * len(items)
-        pinned: List[Tuple[int, IndexEntry]] = []  # request j reads items[i] of entry: pinned[j] = (i, entry)
-        starts: List[int] = []  # request j's record start: what it pins
+    def _plan_reads(
+        self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[int]
+    ) -> List[IoRequest]:
+        """Requests for ``items[start:end]``, each pinning its record's start (lock held)."""
         requests: List[IoRequest] = []
         objects = self._objects
-        pins = self._pins
+        counts = self._pins
         touch = self._policy.touch
-        with self._lock:
-            self._check_open()
-            fd = self._fd
-            path = self._path
-            for i, (key, out) in enumerate(items):
-                entry = objects.get(key)
-                if entry is None:
-                    continue
-                size = entry.value_len
-                if out.nbytes < size:
-                    self._unpin(starts)
-                    raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-                start = entry.value_offset - head_size(len(key))
-                pins[start] = pins.get(start, 0) + 1
-                touch(key)
-                pinned.append((i, entry))
-                starts.append(start)
-                requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), path))  # type: ignore[arg-type]
-        bad: List[Tuple[IndexEntry, str]] = []
-        try:
-            if requests:
-                failed = self._verify_reads(self.engine.submit(requests), items, pinned, results)
-                bad = [(entry, why) for _, entry, why in failed]
-        finally:
-            with self._lock:
-                self._unpin(starts)
-        if bad:
-            with self._lock:
-                for entry, why in bad:
-                    log.warning(
-                        "gdskv: dropping replica of %r in %s at offset %d: %s",
-                        entry.key[:64], self.data_path, entry.value_offset, why,
-                    )
-                    self._drop(entry)
-        return results
+        fd = self._fd
+        path = self._path
+        for i in range(start, end):
+            key, out = items[i]
+            entry = objects.get(key)
+            if entry is None:
+                continue
+            size = entry.value_len
+            if out.nbytes < size:
+                raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
+            record = entry.value_offset - head_size(len(key))
+            counts[record] = counts.get(record, 0) + 1
+            touch(key)
+            plan.append((i, entry))
+            pins.append(record)
+            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), path))  # type: ignore[arg-type]
+        return requests
 
-    def _unpin(self, starts: List[int]) -> None:
-        """Release one pin of each record start in ``starts``. ``_lock`` held."""
-        pins = self._pins
-        for start in starts:
-            left = pins[start] - 1
+    def _unpin_reads(self, pins: List[int]) -> None:
+        counts = self._pins
+        for record in pins:
+            left = counts[record] - 1
             if left:
-                pins[start] = left
+                counts[record] = left
             else:
-                del pins[start]
-        if self._closed and not pins:
-            self._close_fd()  # closed while this read was in flight
+                del counts[record]
+        if self._closed and not counts:
+            self._close_fd()  # closed while these reads were in flight
+
+    def _drop_read(self, record: int, entry: IndexEntry, why: str) -> None:
+        log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
+        self._drop(entry)
 
     def _drop(self, entry: IndexEntry) -> None:
         """Forget a replica that failed verification. ``_lock`` held."""
