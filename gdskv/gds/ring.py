@@ -449,40 +449,43 @@ class Ring:
         """Handle completions, stopping once about ``limit_bytes`` were transferred."""
         L = self._L
         cqe = self._cqe
-        done = []
-        total = 0
-        for _ in L.CqeIter(self._ring, cqe):
-            entry = cqe[0]
-            ident = entry.user_data
-            try:
-                res = entry.res
-            except OSError as exc:
-                res = -(exc.errno or 5)
-            done.append((ident, res))
-            total += res
-            if total >= limit_bytes:
-                break
-        if done:
-            L.io_uring_cq_advance(self._ring, len(done))
         inflight = self._inflight
         views = self._slot_views
         free = self._free_slots
-        for ident, res in done:
-            op = inflight.pop(ident, None)
-            if op.__class__ is _Small:
-                if res > 0 and op.done + res >= op.need:  # the common case, inline
-                    slot = op.slot
-                    skip = op.skip
-                    dst = op.dst
-                    n = dst.nbytes
-                    dst[:] = views[slot][skip : skip + n]
-                    free.append(slot)
-                    op.future._resolve(op.index, n)
-                else:
-                    self._complete_small(op, res)  # type: ignore[arg-type]
-            elif op is not None:
-                self._complete(op, res)
-        return len(done)
+        count = 0
+        total = 0
+        try:
+            for _ in L.CqeIter(self._ring, cqe):
+                entry = cqe[0]
+                count += 1
+                try:
+                    res = entry.res
+                except OSError as exc:
+                    res = -(exc.errno or 5)
+                op = inflight.pop(entry.user_data, None)
+                if op.__class__ is _Small:
+                    if res > 0 and op.done + res >= op.need:  # the common case, inline
+                        slot = op.slot
+                        skip = op.skip
+                        dst = op.dst
+                        n = dst.nbytes
+                        dst[:] = views[slot][skip : skip + n]
+                        free.append(slot)
+                        future = op.future
+                        future._values[op.index] = n
+                        future._pending -= 1
+                        future._order.append(op.index)
+                    else:
+                        self._complete_small(op, res)  # type: ignore[arg-type]
+                elif op is not None:
+                    self._complete(op, res)
+                total += res
+                if total >= limit_bytes:
+                    break
+        finally:
+            if count:  # entries handled (even if one raised) are not seen again
+                L.io_uring_cq_advance(self._ring, count)
+        return count
 
     def _complete_small(self, op: _Small, res: int) -> None:
         request = op.request

@@ -426,7 +426,7 @@ class OffsetBackend(StorageBackend):
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            record = entry.value_offset - head_size(len(key))
+            record = entry.value_offset - -(-(RECORD_HEADER.size + len(key)) // ALIGN) * ALIGN  # head_size(len(key)), inline
             counts[record] = counts.get(record, 0) + 1
             touch(key)
             plan.append((i, entry))
