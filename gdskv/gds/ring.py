@@ -506,7 +506,7 @@ class Ring:
                 got=max(0, op.done - op.skip),
             )
         else:
-            error = _io_error(request, op.offset + op.done, OSError(-res, os.strerror(-res)))
+            error = _io_error(request, request.offset + max(0, op.done - op.skip), OSError(-res, os.strerror(-res)))
         self._free_slots.append(op.slot)  # type: ignore[arg-type]
         op.slot = None
         op.future._resolve(op.index, error)

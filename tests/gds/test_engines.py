@@ -242,3 +242,30 @@ def test_as_completed_yields_each_request_once_with_its_outcome(engine, datafile
     assert sorted(seen) == list(range(len(requests)))
     assert [seen[i] for i in range(len(values))] == [len(v) for v in values]
     assert isinstance(seen[len(values)], IoError)
+
+
+def test_a_small_read_that_fails_fails_alone_with_path_and_offset(engine, datafile, tmp_path):
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(7, 8192)), path=path)])
+    other = str(tmp_path / "write-only")
+    wfd = engine.open_file(other, os.O_WRONLY | os.O_CREAT)  # O_DIRECT like fd when the engine is
+    good = bytearray(100)
+    try:
+        outcomes = engine.submit(
+            [IoRequest.read(wfd, 4106, memoryview(bytearray(100)), path=other), IoRequest.read(fd, 4000, memoryview(good), path=path)]
+        ).outcomes()
+    finally:
+        os.close(wfd)
+    assert isinstance(outcomes[0], IoError) and outcomes[0].context["errno"] == errno.EBADF
+    assert outcomes[0].context["path"] == other and outcomes[0].context["offset"] == 4106
+    assert outcomes[1] == 100 and bytes(good) == block(7, 8192)[4000:4100]
+
+
+def test_a_read_past_an_end_of_file_on_a_block_boundary_is_a_short_read(engine, datafile):
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(8, 8192)), path=path)])
+    with pytest.raises(IoError) as info:  # the first transfer stops at 8192, the resumed one gets nothing
+        engine.run([IoRequest.read(fd, 0, memoryview(bytearray(12_000)), path=path)])
+    assert "short read" in str(info.value)
+    assert info.value.context["path"] == path and info.value.context["offset"] == 0
+    assert info.value.context["expected"] == 12_000 and info.value.context["got"] == 8192
