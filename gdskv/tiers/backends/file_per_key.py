@@ -70,6 +70,7 @@ class FilePerKeyBackend(StorageBackend):
     ) -> None:
         super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
         self._objects: Dict[bytes, IndexEntry] = {}
+        self._dir_str = str(self.dir)
         self._used = 0
         self._next_seq = 1
         self.counters = {
@@ -82,8 +83,12 @@ class FilePerKeyBackend(StorageBackend):
 
     def path_of(self, key: bytes) -> Path:
         """Where the record of ``key`` lives (inside the store directory, whatever the key)."""
+        return Path(self.path_str(key))
+
+    def path_str(self, key: bytes) -> str:
+        """:meth:`path_of` as a string, built without ``pathlib`` (the read path's form)."""
         name = file_name(key)
-        return self.dir / name[0:2] / name[2:4] / name
+        return f"{self._dir_str}/{name[0:2]}/{name[2:4]}/{name}"
 
     # ------------------------------------------------------------------ recovery
 
@@ -251,7 +256,7 @@ class FilePerKeyBackend(StorageBackend):
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            path = self.path_of(key)
+            path = self.path_str(key)
             try:
                 fd = self.engine.open_file(path, os.O_RDONLY)
             except OSError as exc:
@@ -262,7 +267,7 @@ class FilePerKeyBackend(StorageBackend):
             self._policy.touch(key)
             plan.append((i, entry))
             pins.append(fd)
-            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), str(path)))
+            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), path))
         return requests
 
     def _unpin_reads(self, pins: List[int]) -> None:
