@@ -210,8 +210,8 @@ class Ring:
             except OSError:  # e.g. RLIMIT_MEMLOCK too small: plain vectored I/O on staging
                 self.fixed = False
         self._cqe = lib.Cqe()
-        self._backlog: Deque[_Op] = collections.deque()
-        self._inflight: Dict[int, _Op] = {}
+        self._backlog: Deque[Union[_Op, _Small]] = collections.deque()
+        self._inflight: Dict[int, Union[_Op, _Small]] = {}
         self._unsubmitted = 0
         self._unsubmitted_bytes = 0
         self._next_id = 1
@@ -440,8 +440,10 @@ class Ring:
         self._unsubmitted = 0
         for ident, op in lost:
             del self._inflight[ident]
-            request = op.request if op.__class__ is _Small else op.req.request
-            self._fail_any(op, _io_error(request, op.offset, exc))
+            if op.__class__ is _Small:
+                self._fail_any(op, _io_error(op.request, op.request.offset, exc))
+            else:
+                self._fail_any(op, _io_error(op.req.request, op.offset, exc))
 
     # ------------------------------------------------------------------ completion
 

@@ -269,3 +269,38 @@ def test_a_read_past_an_end_of_file_on_a_block_boundary_is_a_short_read(engine, 
     assert "short read" in str(info.value)
     assert info.value.context["path"] == path and info.value.context["offset"] == 0
     assert info.value.context["expected"] == 12_000 and info.value.context["got"] == 8192
+
+
+def test_a_refused_submission_fails_every_queued_request_with_its_offset(tmp_path):
+    """io_uring_enter failing outright (as a kernel out of resources for good would) fails
+    what the kernel did not take, small reads and others alike, and frees their staging."""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    import liburing
+
+    from gdskv.gds.ring import Ring
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(liburing, name)
+
+        @staticmethod
+        def io_uring_submit(ring):
+            raise OSError(errno.EFAULT, "refused")
+
+    eng = _engine("uring", True, chunk_bytes=64 << 10)
+    path = tmp_path / "data"
+    fd = eng.open_file(path, os.O_RDWR | os.O_CREAT)
+    eng.run([IoRequest.write(fd, 0, memoryview(block(9, 256 << 10)), path=str(path))])
+    ring = Ring(Refusing(), depth=8, slots=4, chunk_bytes=64 << 10, fixed=eng.fixed)
+    requests = [
+        IoRequest.read(fd, 4096 + 10, memoryview(bytearray(100)), path=str(path)),  # small
+        IoRequest.read(fd, 8192, memoryview(bytearray(100 << 10)), path=str(path)),  # bounced in chunks
+    ]
+    outcomes = ring.submit(requests).outcomes()
+    assert all(isinstance(o, IoError) and o.context["errno"] == errno.EFAULT for o in outcomes)
+    assert [o.context["offset"] for o in outcomes] == [4096 + 10, 8192]
+    assert ring.broken and sorted(ring._free_slots) == [0, 1, 2, 3]
+    ring.close()
+    os.close(fd)
+    eng.close()

@@ -66,7 +66,7 @@ class RecoveryReport:
 
 
 #: Reads of a batch handed to the engine at once (see :meth:`StorageBackend.read_batch`).
-READ_GROUP = 8
+READ_GROUP = 16
 
 WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
 ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
