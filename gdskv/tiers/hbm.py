@@ -17,7 +17,8 @@ reaches DRAM. A sink that cannot take a victim (DRAM full) makes the tier try th
 when nothing can be evicted in ``put_timeout_s``, the put raises :class:`NoSpaceError`.
 
 Thread-safe: metadata changes under one lock; device copies run outside it on pinned
-entries (``readers``), as in the DRAM tier.
+entries (``readers``), as in the DRAM tier. An owning store passes its own (re-entrant)
+lock, so the tier, the DRAM tier and the sink share one lock and no lock order can invert.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ class DramSink(HostSink):
     """Evicts into a :class:`gdskv.tiers.dram.DramTier`, under ``lock`` (the lock that
     guards that tier). A published copy replaces any older DRAM entry of the key and
     carries its CRC, computed from the copied bytes. ``on_published(entry)`` runs under
-    ``lock`` after each publication (an owning store queues the entry for offload there)."""
+    ``lock`` after each publication (an owning store queues the entry for offload there).
+    ``make_room(size)``, when given, runs under ``lock`` when the arena has no room for a
+    victim (an owning store evicts DRAM objects that are safe on NVMe there)."""
 
     def __init__(
         self,
@@ -60,15 +63,20 @@ class DramSink(HostSink):
         lock: "threading.Lock | threading.RLock",
         *,
         on_published: Optional[Callable[[Any], None]] = None,
+        make_room: Optional[Callable[[int], None]] = None,
     ) -> None:
         self.dram = dram
         self.lock = lock
         self.on_published = on_published
+        self.make_room = make_room
         self._pending: Dict[Tuple[bytes, int], Any] = {}
 
     def reserve(self, key: bytes, size: int) -> Optional[memoryview]:
         with self.lock:
             entry = self.dram.allocator.allocate(size)
+            if entry is None and self.make_room is not None:
+                self.make_room(size)
+                entry = self.dram.allocator.allocate(size)
             if entry is None:
                 return None
             from gdskv.tiers.dram import DramEntry
@@ -128,6 +136,7 @@ class HbmTier:
         *,
         policy: str = "lru",
         put_timeout_s: float = 5.0,
+        lock: "threading.Lock | threading.RLock | None" = None,
     ) -> None:
         self.pool = pool
         self.sink = sink
@@ -137,22 +146,25 @@ class HbmTier:
         self.put_timeout_s = put_timeout_s
         self.entries: Dict[bytes, HbmEntry] = {}
         self._evicting: List[HbmEntry] = []  # copies in flight, oldest first
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
         self._closed = False
         self.counters = {"puts": 0, "hits": 0, "misses": 0, "evictions": 0, "evictions_abandoned": 0,
                          "eviction_failures": 0, "sink_full": 0}
 
     # -- public API --------------------------------------------------------------
 
-    def put(self, key: bytes, value: Any) -> None:
+    def put(self, key: bytes, value: Any, *, evict: bool = True) -> bool:
         """Store ``value`` (a device array of the pool's kind, or a host buffer) under
-        ``key``, replacing an older value. Evicts into the sink to make room; raises
-        NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a value
-        larger than the pool."""
+        ``key``, replacing an older value; return True. Evicts into the sink to make room;
+        raises NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a
+        value larger than the pool. With ``evict=False`` nothing is evicted: a value that
+        does not fit in the free space is not stored and the call returns False."""
         size = self.pool.size_of(value)
         if size <= 0 or size > self.capacity:
             raise GdskvError("value does not fit in the HBM tier", key=key, size=size, capacity=self.capacity)
-        entry = self._reserve(key, size)
+        entry = self._reserve(key, size, evict)
+        if entry is None:
+            return False
         try:
             self.pool.write(entry.offset, value)
         except BaseException:
@@ -171,6 +183,7 @@ class HbmTier:
             self.entries[key] = entry
             self.policy.insert(key)
             self.counters["puts"] += 1
+        return True
 
     def get_into(self, key: bytes, out: Any) -> Optional[int]:
         """Copy the object into ``out`` (device-to-device for a device ``out``); return its
@@ -199,15 +212,55 @@ class HbmTier:
         return entry.size
 
     def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Any]) -> List[Optional[int]]:
-        """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here."""
+        """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here.
+        Every ``out`` is checked before anything is copied (a too-small one is an
+        InvalidValueError and nothing is written); the hits are served by one
+        :meth:`DevicePool.read_many` call."""
         if len(keys) != len(outs):
             raise InvalidValueError("keys and outputs differ in length", keys=len(keys), outs=len(outs))
-        return [self.get_into(key, out) for key, out in zip(keys, outs)]
+        rooms = [self.pool.size_of(out) for out in outs]
+        results: List[Optional[int]] = [None] * len(keys)
+        pinned: List[HbmEntry] = []
+        with self._lock:
+            self._check_open()
+            self._reap()
+            found = [self.entries.get(key) for key in keys]
+            for key, entry, room in zip(keys, found, rooms):
+                if entry is not None and room < entry.size:
+                    raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
+            for i, entry in enumerate(found):
+                if entry is None:
+                    continue
+                entry.readers += 1
+                self.policy.touch(entry.key)
+                pinned.append(entry)
+                results[i] = entry.size
+            self.counters["hits"] += len(pinned)
+            self.counters["misses"] += len(keys) - len(pinned)
+        try:
+            if pinned:
+                self.pool.read_many([(e.offset, e.size, outs[i]) for i, e in enumerate(found) if e is not None])
+        finally:
+            with self._lock:
+                for entry in pinned:
+                    entry.readers -= 1
+                    self._release(entry)
+        return results
 
     def contains(self, key: bytes) -> bool:
         with self._lock:
             self._reap()
             return key in self.entries
+
+    def size_of_key(self, key: bytes) -> Optional[int]:
+        """The size of the object stored under ``key``, or None when it is not here."""
+        with self._lock:
+            entry = self.entries.get(key)
+            return None if entry is None else entry.size
+
+    def keys(self) -> List[bytes]:
+        with self._lock:
+            return list(self.entries)
 
     def state(self, key: bytes) -> Optional[HbmState]:
         with self._lock:
@@ -277,17 +330,21 @@ class HbmTier:
         if self._closed:
             raise StoreClosedError("HBM tier is closed")
 
-    def _reserve(self, key: bytes, size: int) -> HbmEntry:
+    def _reserve(self, key: bytes, size: int, evict: bool = True) -> Optional[HbmEntry]:
         deadline = time.monotonic() + self.put_timeout_s
         while True:
             with self._lock:
                 self._check_open()
                 self._reap()
                 old = self.entries.get(key)
-                if old is not None:
+                if old is not None and evict:
                     self._detach(old)
                 offset = self.allocator.allocate(size)
+                if offset is None and not evict:
+                    return None  # an older value stays as it was
                 if offset is not None:
+                    if old is not None:
+                        self._detach(old)
                     entry = HbmEntry(key, offset, size)
                     entry.readers = 1  # the writer; invisible until put() registers it
                     return entry
