@@ -4,11 +4,13 @@ Each stage prints ``ROW|name|measured|baseline|ratio|note`` lines (GB/s; the bas
 what the same machine does in the same run) that gpu_check.sh gathers into its table:
 
 - ``copy``: HBM tier host<->device copies against a plain torch copy of the same bytes
-  between the same pinned host buffer and device memory; an HBM hit of a 2 MiB block
-  against a device-to-device copy (target >= 0.8x).
+  between the same pinned host buffer and device memory; HBM hits of 2 MiB blocks, through
+  the tier and through the Store API (one by one and batched), against device-to-device
+  copies (target >= 0.8x).
 - ``nvme``: NVMe -> GPU through the kvikio engine and through the staging path (uring or
   psync, O_DIRECT), each against fio reading the same file (O_DIRECT, 4 MiB blocks), or a
-  plain O_DIRECT read where fio is missing (target >= 0.9x); and GDS vs compat mode.
+  plain O_DIRECT read where fio is missing (target >= 0.9x); cold 2 MiB reads through the
+  Store into device buffers; and GDS vs compat mode.
 
 Usage: python benchmarks/bench_gpu.py copy|nvme [--dir DIR] [--gib N]
 """
@@ -107,9 +109,64 @@ def stage_copy(args):
         sync()
 
     hits(); d2d()
-    row("HBM hit 2 MiB (get_into)", 64 * block / best_of(hits) / GB, 64 * block / best_of(d2d) / GB,
-        "vs device-to-device copy_; target >= 0.8x")
+    row("HBM hit 2 MiB (tier get_into)", 64 * block / best_of(hits) / GB, 64 * block / best_of(d2d) / GB,
+        "vs device-to-device copy_ per block; target >= 0.8x")
     tier.close()
+    store_hits(values, block)
+
+
+def store_hits(values, block):
+    """HBM hits through the public Store API, 64 blocks of 2 MiB into 64 device buffers:
+    one get_into per block, and one batch_get_into (one batched device copy), against the
+    same 64 copies done with plain ``copy_`` calls and against one copy of all their bytes."""
+    import tempfile
+
+    import torch
+
+    import gdskv
+
+    sync = torch.cuda.synchronize
+    n = len(values)
+    keys = [f"k{i}" for i in range(n)]
+    outs = [torch.empty(block, dtype=torch.uint8, device="cuda") for _ in range(n)]
+    big_src = torch.cat(values)
+    big_dst = torch.empty_like(big_src)
+    with tempfile.TemporaryDirectory() as tmp, gdskv.open(tmp, dram="256MiB", ssd=0, hbm="256MiB") as store:
+        for k, v in zip(keys, values):
+            store.put(k, v)
+
+        def one_by_one():
+            for k, o in zip(keys, outs):
+                store.get_into(k, o)
+            sync()
+
+        def batch():
+            store.batch_get_into(keys, outs)
+            sync()
+
+        def plain_each():
+            for v, o in zip(values, outs):
+                o.copy_(v)
+            sync()
+
+        def plain_one():
+            big_dst.copy_(big_src)
+            sync()
+
+        for fn in (one_by_one, batch, plain_each, plain_one):
+            fn()
+        batch()
+        ok = all(torch.equal(o, v) for o, v in zip(outs, values))
+        total = n * block
+        each = total / best_of(plain_each, 20) / GB
+        one = total / best_of(plain_one, 20) / GB
+        get = total / best_of(one_by_one, 20) / GB
+        got = total / best_of(batch, 20) / GB
+        check = "bytes equal" if ok else "BYTES DIFFER"
+        row("HBM hit 2 MiB (Store.get_into)", get, each, f"vs copy_ per block; {check}; target >= 0.8x")
+        row("HBM hit 2 MiB x64 (Store.batch_get_into)", got, each, f"vs copy_ per block; {check}; target >= 0.8x")
+        row("HBM hit 2 MiB x64 (Store.batch_get_into)", got, one, "vs one 128 MiB copy_ (the device's bandwidth)")
+        print("store hbm stats:", json.dumps(store.stats()["hbm"]), flush=True)
 
 
 # --------------------------------------------------------------------------- nvme
@@ -247,6 +304,38 @@ def staging_read(path, nbytes):
     return nbytes / best / GB, name
 
 
+def store_nvme_read(directory, nbytes):
+    """Cold reads of 2 MiB blocks through the Store into device buffers: NVMe -> host (read
+    and CRC-verified) -> device. The store is written, closed and reopened first, so every
+    block comes from NVMe (O_DIRECT)."""
+    import torch
+
+    import gdskv
+
+    block, batch = 2 * MiB, 32
+    count = max(batch, min(nbytes, 1 << 30) // block // batch * batch)
+    path = os.path.join(directory, "store")
+    shutil.rmtree(path, ignore_errors=True)
+    data = torch.randint(0, 255, (batch * block,), dtype=torch.uint8).numpy()
+    with gdskv.open(path, dram="256MiB", ssd=count * block * 2) as store:
+        for i in range(count):
+            j = i % batch
+            store.put(f"b{i}", data[j * block : (j + 1) * block])
+        store.flush()
+    outs = [torch.empty(block, dtype=torch.uint8, device="cuda") for _ in range(batch)]
+    with gdskv.open(path, dram="256MiB", ssd=count * block * 2, hbm="64MiB", hbm_promote=False) as store:
+        t0 = time.perf_counter()
+        for start in range(0, count, batch):
+            sizes = store.batch_get_into([f"b{i}" for i in range(start, start + batch)], outs)
+            assert all(n == block for n in sizes), sizes
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        engine = store.stats()["io_engine"]["name"]
+    ok = bool(torch.equal(outs[-1].cpu(), torch.from_numpy(data[(batch - 1) * block :])))
+    shutil.rmtree(path, ignore_errors=True)
+    return count * block / elapsed / GB, f"{count} x 2 MiB cold, engine={engine}, verified on host; bytes {'equal' if ok else 'DIFFER'}"
+
+
 def stage_nvme(args):
     from gdskv.gds.probe import fs_type
 
@@ -270,6 +359,11 @@ def stage_nvme(args):
         print(f"ROW|GDS or compat|{mode}|-|-|{why}", flush=True)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         print(f"ROW|NVMe->GPU kvikio|FAILED|-|-|{type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    try:
+        gbs, note = store_nvme_read(args.dir, nbytes)
+        row("NVMe->GPU Store.batch_get_into", gbs, base, f"{note}; vs {base_note}")
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        print(f"ROW|NVMe->GPU Store.batch_get_into|FAILED|-|-|{type(exc).__name__}: {str(exc)[:100]}", flush=True)
     try:
         gbs, name = staging_read(path, nbytes)
         row("NVMe->GPU staging", gbs, base, f"engine={name}, O_DIRECT; vs {base_note}; target >= 0.9x")

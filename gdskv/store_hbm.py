@@ -65,8 +65,11 @@ class HbmStoreMixin:
             from gdskv.tiers.devpool import TorchCudaPool
 
             pool = TorchCudaPool(config.hbm_bytes, device=config.hbm_device)
-        if hasattr(pool, "pin"):
-            pool.pin(memoryview(self._dram.arena))  # device-to-host evictions become real DMA
+        if hasattr(pool, "pin"):  # device-to-host evictions into the arena become real DMA
+            try:
+                pool.pin(memoryview(self._dram.arena))
+            except Exception as exc:  # noqa: BLE001 - unpinned copies still work, synchronously
+                log.warning("gdskv: could not page-lock the DRAM arena for the HBM tier: %s", exc)
         sink = DramSink(self._dram, self._lock, on_published=self._hbm_published, make_room=self._hbm_make_room)
         return HbmTier(pool, sink, policy=config.hbm_eviction, put_timeout_s=config.put_timeout_s, lock=self._lock)
 

@@ -237,6 +237,7 @@ class TorchCudaPool(DevicePool):
         self.memory = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         self.stream = torch.cuda.Stream(device=self.device)
         self._registered: list = []
+        self._batched_copy = True
 
     def _as_bytes(self, buf: Any, what: str) -> Any:
         torch = self._torch
@@ -277,11 +278,14 @@ class TorchCudaPool(DevicePool):
         """Device destinations are served by one batched copy (``torch._foreach_copy_``:
         a few kernel launches for the whole batch instead of one per object)."""
         outs = [self._as_bytes(dst, "output buffer") for _, _, dst in items]
-        if len(items) > 1 and all(o.is_cuda for o in outs):
+        if self._batched_copy and len(items) > 1 and all(o.is_cuda for o in outs):
             dsts = [o[:size] for o, (_, size, _) in zip(outs, items)]
             srcs = [self.memory[offset : offset + size] for offset, size, _ in items]
-            self._torch._foreach_copy_(dsts, srcs, non_blocking=True)
-            return
+            try:
+                self._torch._foreach_copy_(dsts, srcs, non_blocking=True)
+                return
+            except (AttributeError, RuntimeError, TypeError):  # an older torch: copy one by one
+                self._batched_copy = False
         for out, (offset, size, _) in zip(outs, items):
             out[:size].copy_(self.memory[offset : offset + size], non_blocking=out.is_cuda)
 
