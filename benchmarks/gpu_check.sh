@@ -27,6 +27,8 @@ ROWS="$LOGDIR/rows.txt"
 : > "$ROWS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# A carried fio (tools/fio/fio, a static build; not committed) where the machine has none.
+[ -x tools/fio/fio ] && ! command -v fio > /dev/null && export PATH="$PWD/tools/fio:$PATH"
 
 STAGES=" ${GDSKV_GPU_STAGES:-setup probe tests copy nvme} "
 

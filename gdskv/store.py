@@ -54,6 +54,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
     GdskvError,
@@ -369,6 +371,10 @@ class Store(OffloadMixin, HbmStoreMixin):
         is too small (nothing is written then).
         """
         k = encode_key(key)
+        if self._hbm is not None and not self._closed and self._hbm.pool.is_device(out):
+            n = self._hbm.get_into(k, out)  # the fast path: an HBM hit into a device buffer
+            if n is not None:
+                return n
         return self._read_batch([k], [self._out_buffer(out)])[0]
 
     def _get_into(self, k: bytes, view: memoryview) -> Optional[int]:
@@ -390,13 +396,14 @@ class Store(OffloadMixin, HbmStoreMixin):
         results: List[Optional[int]] = [None] * len(ks)
         dram_hits: List[tuple[int, DramEntry]] = []
         nvme: List[int] = []
+        rooms = [self._room(out) for out in outs]
         with self._lock:
             self._check_open()
             for i, k in enumerate(ks):  # validate everything before pinning anything
                 size = self._size_of(k)
-                if size is not None and self._room(outs[i]) < size:
-                    raise InvalidValueError("out is smaller than the value", key=k[:64], size=size, got=self._room(outs[i]))
-        todo = self._read_hbm(ks, outs, results)
+                if size is not None and rooms[i] < size:
+                    raise InvalidValueError("out is smaller than the value", key=k[:64], size=size, got=rooms[i])
+        todo = self._read_hbm(ks, outs, rooms, results)
         if not todo:
             return results
         with self._lock:
@@ -442,7 +449,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                 else:
                     info = self._backend.lookup(ks[i])
                     if info is not None:  # else a miss: nothing to read it into
-                        views[i] = memoryview(bytearray(info.size))
+                        views[i] = memoryview(np.empty(info.size, dtype=np.uint8))
         t0 = time.perf_counter()
         reads = [i for i in idx if i in views]
         sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads]) if reads else []

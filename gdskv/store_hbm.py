@@ -132,18 +132,14 @@ class HbmStoreMixin:
 
     # -- reads ----------------------------------------------------------------------
 
-    def _read_hbm(self, ks: List[bytes], outs: List[OutBuffer], results: List[Optional[int]]) -> List[int]:
+    def _read_hbm(
+        self, ks: List[bytes], outs: List[OutBuffer], rooms: List[int], results: List[Optional[int]]
+    ) -> List[int]:
         """Serve what HBM holds; return the indexes still to read from DRAM/NVMe."""
         hbm = self._hbm
         if hbm is None:
             return list(range(len(ks)))
-        t0 = time.perf_counter()
-        sizes = hbm.batch_get_into(ks, outs)
-        elapsed = time.perf_counter() - t0
-        hits = [n for n in sizes if n is not None]
-        if hits:
-            with self._lock:
-                self._count_reads(Tier.HBM, len(hits), sum(hits), elapsed)
+        sizes = hbm.batch_get_into(ks, outs, rooms=rooms)  # the tier counts its hits and bytes
         todo = []
         for i, n in enumerate(sizes):
             if n is None:
@@ -207,13 +203,11 @@ class HbmStoreMixin:
                     pass
 
     def _hbm_stats(self) -> dict:
+        """The tier's own figures (hits, read_bytes, ...; device copies are asynchronous, so
+        there is no bytes/s here) and what the store counted around it."""
         c = self._counters.snapshot()
-        from gdskv.metrics import rate
-
         return {
             **self._hbm.stats(),  # type: ignore[union-attr]
-            "read_bytes": int(c.get("hbm_read_bytes", 0)),
-            "read_bytes_per_s": rate(c.get("hbm_read_bytes", 0), c.get("hbm_read_seconds", 0)),
             "evicted_to_dram": int(c.get("hbm_evicted", 0)),
             "promoted": int(c.get("hbm_promoted", 0)),
         }

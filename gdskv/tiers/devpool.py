@@ -238,9 +238,12 @@ class TorchCudaPool(DevicePool):
         self.stream = torch.cuda.Stream(device=self.device)
         self._registered: list = []
         self._batched_copy = True
+        self._views: dict = {}
 
     def _as_bytes(self, buf: Any, what: str) -> Any:
         torch = self._torch
+        if type(buf) is torch.Tensor and buf.dtype is torch.uint8 and buf.dim() == 1 and buf.is_contiguous():
+            return buf  # the common case, without building new views
         if isinstance(buf, torch.Tensor):
             t = buf
         elif hasattr(buf, "__cuda_array_interface__") or hasattr(buf, "__dlpack__"):
@@ -264,30 +267,46 @@ class TorchCudaPool(DevicePool):
             self._registered.append(ptr)
 
     def size_of(self, buf: Any) -> int:
+        torch = self._torch
+        if type(buf) is torch.Tensor and buf.is_contiguous():
+            return buf.numel() * buf.element_size()
         return int(self._as_bytes(buf, "value").numel())
+
+    def _region(self, offset: int, size: int) -> Any:
+        """The device bytes ``[offset, offset + size)`` as a tensor view, cached: building a
+        view costs more than launching the copy of a 2 MiB block."""
+        key = (offset, size)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= 65536:
+                self._views.clear()
+            view = self._views[key] = self.memory[offset : offset + size]
+        return view
 
     def write(self, offset: int, src: Any) -> None:
         data = self._as_bytes(src, "value")
-        self.memory[offset : offset + data.numel()].copy_(data, non_blocking=False)
+        self._region(offset, data.numel()).copy_(data, non_blocking=False)
 
     def read_into(self, offset: int, size: int, dst: Any) -> None:
         out = self._as_bytes(dst, "output buffer")
-        out[:size].copy_(self.memory[offset : offset + size], non_blocking=out.is_cuda)
+        if out.numel() != size:
+            out = out[:size]
+        out.copy_(self._region(offset, size), non_blocking=out.is_cuda)
 
     def read_many(self, items: "list[tuple[int, int, Any]]") -> None:
         """Device destinations are served by one batched copy (``torch._foreach_copy_``:
         a few kernel launches for the whole batch instead of one per object)."""
         outs = [self._as_bytes(dst, "output buffer") for _, _, dst in items]
         if self._batched_copy and len(items) > 1 and all(o.is_cuda for o in outs):
-            dsts = [o[:size] for o, (_, size, _) in zip(outs, items)]
-            srcs = [self.memory[offset : offset + size] for offset, size, _ in items]
+            dsts = [o if o.numel() == size else o[:size] for o, (_, size, _) in zip(outs, items)]
+            srcs = [self._region(offset, size) for offset, size, _ in items]
             try:
                 self._torch._foreach_copy_(dsts, srcs, non_blocking=True)
                 return
             except (AttributeError, RuntimeError, TypeError):  # an older torch: copy one by one
                 self._batched_copy = False
         for out, (offset, size, _) in zip(outs, items):
-            out[:size].copy_(self.memory[offset : offset + size], non_blocking=out.is_cuda)
+            out[:size].copy_(self._region(offset, size), non_blocking=out.is_cuda)
 
     def is_device(self, buf: Any) -> bool:
         torch = self._torch
@@ -307,7 +326,7 @@ class TorchCudaPool(DevicePool):
     def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:
         torch = self._torch
         out = self._as_bytes(host, "host buffer")
-        src = self.memory[offset : offset + size]
+        src = self._region(offset, size)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             out[:size].copy_(src, non_blocking=True)
@@ -320,6 +339,7 @@ class TorchCudaPool(DevicePool):
             return
         torch = self._torch
         torch.cuda.synchronize(self.device)
+        self._views.clear()
         cudart = torch.cuda.cudart()
         for ptr in self._registered:
             cudart.cudaHostUnregister(ptr)

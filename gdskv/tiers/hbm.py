@@ -148,7 +148,7 @@ class HbmTier:
         self._evicting: List[HbmEntry] = []  # copies in flight, oldest first
         self._lock = lock if lock is not None else threading.Lock()
         self._closed = False
-        self.counters = {"puts": 0, "hits": 0, "misses": 0, "evictions": 0, "evictions_abandoned": 0,
+        self.counters = {"puts": 0, "hits": 0, "read_bytes": 0, "misses": 0, "evictions": 0, "evictions_abandoned": 0,
                          "eviction_failures": 0, "sink_full": 0}
 
     # -- public API --------------------------------------------------------------
@@ -201,24 +201,31 @@ class HbmTier:
                 raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
             entry.readers += 1
             self.policy.touch(key)
+        copied = False
         try:
             self.pool.read_into(entry.offset, entry.size, out)
+            copied = True
         finally:
             with self._lock:
                 entry.readers -= 1
                 self._release(entry)
-        with self._lock:
-            self.counters["hits"] += 1
+                if copied:
+                    self.counters["hits"] += 1
+                    self.counters["read_bytes"] += entry.size
         return entry.size
 
-    def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Any]) -> List[Optional[int]]:
+    def batch_get_into(
+        self, keys: Sequence[bytes], outs: Sequence[Any], *, rooms: Optional[Sequence[int]] = None
+    ) -> List[Optional[int]]:
         """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here.
         Every ``out`` is checked before anything is copied (a too-small one is an
         InvalidValueError and nothing is written); the hits are served by one
-        :meth:`DevicePool.read_many` call."""
+        :meth:`DevicePool.read_many` call. ``rooms``: the byte sizes of ``outs``, when the
+        caller has them already."""
         if len(keys) != len(outs):
             raise InvalidValueError("keys and outputs differ in length", keys=len(keys), outs=len(outs))
-        rooms = [self.pool.size_of(out) for out in outs]
+        if rooms is None:
+            rooms = [self.pool.size_of(out) for out in outs]
         results: List[Optional[int]] = [None] * len(keys)
         pinned: List[HbmEntry] = []
         with self._lock:
@@ -236,6 +243,7 @@ class HbmTier:
                 pinned.append(entry)
                 results[i] = entry.size
             self.counters["hits"] += len(pinned)
+            self.counters["read_bytes"] += sum(e.size for e in pinned)
             self.counters["misses"] += len(keys) - len(pinned)
         try:
             if pinned:
@@ -387,6 +395,8 @@ class HbmTier:
         return started
 
     def _reap(self) -> int:
+        if not self._evicting:
+            return 0
         finished = 0
         still: List[HbmEntry] = []
         for entry in self._evicting:
