@@ -12,6 +12,7 @@ import pytest
 
 import gdskv
 from gdskv.errors import ConfigError, InvalidValueError, KeyExistsError
+from gates import After
 from gdskv.tiers.devpool import HostStandInPool, StandInArray, standin_array
 from tests.conftest import block
 
@@ -229,6 +230,25 @@ def test_concurrent_device_puts_and_reads_stay_consistent(hbm_store):
     for t in range(4):
         for i in range(40):
             assert store.get(f"t{t}-{i}") == block(t * 1000 + i, 8 * KiB)
+
+
+def test_copy_written_while_the_key_cycles_through_hbm_is_kept(hbm_store, tmp_path):
+    """A DRAM object being offloaded is read into a device buffer (promoted into HBM) and
+    evicted from HBM again before its offload finishes: the DRAM copy published from HBM
+    counts on the SSD copy just written, which must therefore stay on SSD."""
+    store = hbm_store()
+    write = store._backend.write = After(store._backend.write)
+    store.put("k", block(1, 8 * KiB))  # eager: queued for SSD at once
+    write.wait_reached()  # written to SSD; the offloader has not finished the batch yet
+    assert read_dev(store, "k", 8 * KiB) == block(1, 8 * KiB)  # promoted into HBM
+    store._hbm.evict(store._hbm.capacity)
+    store._hbm.drain()  # published into DRAM again: the first DRAM copy is detached
+    write.open()
+    store.flush()
+    assert store._backend.lookup(b"k") is not None
+    store.close()
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as again:
+        assert again.get("k") == block(1, 8 * KiB)
 
 
 def test_hbm_option_without_a_device_is_a_config_error(tmp_path, monkeypatch):

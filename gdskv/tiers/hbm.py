@@ -52,7 +52,8 @@ class HostSink:
 class DramSink(HostSink):
     """Evicts into a :class:`gdskv.tiers.dram.DramTier`, under ``lock`` (the lock that
     guards that tier). A published copy replaces any older DRAM entry of the key and
-    carries its CRC, computed from the copied bytes. ``on_published(entry)`` runs under
+    carries its CRC, computed from the copied bytes; when the older entry holds the same
+    bytes, it stays and the copy is dropped. ``on_published(entry)`` runs under
     ``lock`` after each publication (an owning store queues the entry for offload there).
     ``make_room(size)``, when given, runs under ``lock`` when the arena has no room for a
     victim (an owning store evicts DRAM objects that are safe on NVMe there)."""
@@ -98,6 +99,13 @@ class DramSink(HostSink):
                 return
             entry.crc = crc
             old = self.dram.lookup(key)
+            if old is not None and old.complete and (old.size, old.crc) == (entry.size, crc):
+                # DRAM already holds these bytes (the object was promoted from there): keep
+                # that entry, whose NVMe state (queued, written) stays true, and drop this copy.
+                entry.detached = True
+                self.dram.written(entry)
+                self.dram.touch(old)
+                return
             if old is not None:
                 self.dram.detach(old)
             self.dram.entries[key] = entry
@@ -188,31 +196,27 @@ class HbmTier:
     def get_into(self, key: bytes, out: Any) -> Optional[int]:
         """Copy the object into ``out`` (device-to-device for a device ``out``); return its
         size, or None when it is not in HBM. An EVICTING object is still served; an ``out``
-        smaller than the object is an InvalidValueError."""
+        smaller than the object is an InvalidValueError.
+
+        The copy is issued under the lock (its bytes cannot be freed and handed to another
+        object meanwhile). On a GPU that is a kernel launch, and the copy itself runs after
+        the call returns, ordered on the stream before any later write of those bytes."""
         room = self.pool.size_of(out)
         with self._lock:
             self._check_open()
-            self._reap()
+            if self._evicting:
+                self._reap()
             entry = self.entries.get(key)
             if entry is None:
                 self.counters["misses"] += 1
                 return None
             if room < entry.size:
                 raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
-            entry.readers += 1
-            self.policy.touch(key)
-        copied = False
-        try:
             self.pool.read_into(entry.offset, entry.size, out)
-            copied = True
-        finally:
-            with self._lock:
-                entry.readers -= 1
-                self._release(entry)
-                if copied:
-                    self.counters["hits"] += 1
-                    self.counters["read_bytes"] += entry.size
-        return entry.size
+            self.policy.touch(key)
+            self.counters["hits"] += 1
+            self.counters["read_bytes"] += entry.size
+            return entry.size
 
     def batch_get_into(
         self, keys: Sequence[bytes], outs: Sequence[Any], *, rooms: Optional[Sequence[int]] = None
@@ -227,32 +231,25 @@ class HbmTier:
         if rooms is None:
             rooms = [self.pool.size_of(out) for out in outs]
         results: List[Optional[int]] = [None] * len(keys)
-        pinned: List[HbmEntry] = []
         with self._lock:
             self._check_open()
-            self._reap()
+            if self._evicting:
+                self._reap()
             found = [self.entries.get(key) for key in keys]
             for key, entry, room in zip(keys, found, rooms):
                 if entry is not None and room < entry.size:
                     raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
+            copies = []
             for i, entry in enumerate(found):
-                if entry is None:
-                    continue
-                entry.readers += 1
-                self.policy.touch(entry.key)
-                pinned.append(entry)
-                results[i] = entry.size
-            self.counters["hits"] += len(pinned)
-            self.counters["read_bytes"] += sum(e.size for e in pinned)
-            self.counters["misses"] += len(keys) - len(pinned)
-        try:
-            if pinned:
-                self.pool.read_many([(e.offset, e.size, outs[i]) for i, e in enumerate(found) if e is not None])
-        finally:
-            with self._lock:
-                for entry in pinned:
-                    entry.readers -= 1
-                    self._release(entry)
+                if entry is not None:
+                    copies.append((entry.offset, entry.size, outs[i]))
+                    results[i] = entry.size
+                    self.policy.touch(entry.key)
+            if copies:  # issued under the lock, as in get_into
+                self.pool.read_many(copies)
+            self.counters["hits"] += len(copies)
+            self.counters["read_bytes"] += sum(c[1] for c in copies)
+            self.counters["misses"] += len(keys) - len(copies)
         return results
 
     def contains(self, key: bytes) -> bool:
