@@ -54,8 +54,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
     GdskvError,
@@ -65,6 +63,7 @@ from gdskv.errors import (
     StoreClosedError,
 )
 from gdskv.gds import IoEngine, make_engine
+from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
 from gdskv.metrics import Counters, rate
 from gdskv.offload import OffloadMixin, is_no_space
 from gdskv.store_hbm import HbmStoreMixin, OutBuffer
@@ -438,10 +437,12 @@ class Store(OffloadMixin, HbmStoreMixin):
         return results
 
     def _read_nvme(self, ks: List[bytes], outs: List[OutBuffer], idx: List[int], results: List[Optional[int]]) -> None:
-        """Read ``ks[i]`` for ``i`` in ``idx`` from NVMe, verified; a device ``out`` is filled
-        from a host buffer the value is read (and verified) into first."""
+        """Read ``ks[i]`` for ``i`` in ``idx`` from NVMe, verified. A device ``out`` is filled
+        from page-aligned host staging the value is read (O_DIRECT, no bounce copy) and
+        verified into first."""
         assert self._backend is not None
         views: dict[int, memoryview] = {}
+        staging: List[AlignedBuffer] = []
         with self._lock:
             for i in idx:
                 if isinstance(outs[i], memoryview):
@@ -449,20 +450,28 @@ class Store(OffloadMixin, HbmStoreMixin):
                 else:
                     info = self._backend.lookup(ks[i])
                     if info is not None:  # else a miss: nothing to read it into
-                        views[i] = memoryview(np.empty(info.size, dtype=np.uint8))
-        t0 = time.perf_counter()
-        reads = [i for i in idx if i in views]
-        sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads]) if reads else []
-        elapsed = time.perf_counter() - t0
-        hits = [(i, n) for i, n in zip(reads, sizes) if n is not None]
-        with self._lock:
-            self._count_reads(Tier.NVME, len(hits), sum(n for _, n in hits), elapsed)
-            self._counters.add("misses", len(idx) - len(hits))
-        for i, n in hits:
-            results[i] = n
-            if views[i] is not outs[i]:
-                self._copy_to_device(ks[i], views[i][:n], outs[i])
-            self._maybe_promote(ks[i], views[i][:n])
+                        staging.append(alloc_aligned(info.size))
+                        views[i] = staging[-1].view[: info.size]
+        try:
+            t0 = time.perf_counter()
+            reads = [i for i in idx if i in views]
+            sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads]) if reads else []
+            elapsed = time.perf_counter() - t0
+            hits = [(i, n) for i, n in zip(reads, sizes) if n is not None]
+            with self._lock:
+                self._count_reads(Tier.NVME, len(hits), sum(n for _, n in hits), elapsed)
+                self._counters.add("misses", len(idx) - len(hits))
+            for i, n in hits:
+                results[i] = n
+                if views[i] is not outs[i]:
+                    self._copy_to_device(ks[i], views[i][:n], outs[i])
+                self._maybe_promote(ks[i], views[i][:n])
+        finally:
+            for i in idx:
+                if i in views and views[i] is not outs[i]:
+                    views[i].release()
+            for buf in staging:
+                buf.close()
 
     def _count_reads(self, tier: Tier, count: int, nbytes: int, seconds: float) -> None:
         if count:
