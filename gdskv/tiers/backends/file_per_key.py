@@ -161,11 +161,12 @@ class FilePerKeyBackend(StorageBackend):
         entries: List[IndexEntry] = []
         written: List[Tuple[Path, Path]] = []
         fds: List[int] = []
+        new_entries: Set[Path] = set()  # directories that gained a shard directory
         try:
             requests = []
             for i, (key, value, crc) in enumerate(items):
                 final = self.path_of(key)
-                final.parent.mkdir(parents=True, exist_ok=True)
+                self._make_shard(final.parent, new_entries)
                 tmp = final.with_name(final.name + TMP_SUFFIX)
                 fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 fds.append(fd)
@@ -179,7 +180,7 @@ class FilePerKeyBackend(StorageBackend):
                 os.fsync(fd)
             for tmp, final in written:
                 os.replace(tmp, final)
-            for parent in {final.parent for _, final in written}:
+            for parent in {final.parent for _, final in written} | new_entries:
                 fsync_dir(parent)
         except (OSError, GdskvError) as exc:
             for tmp, _ in written:
@@ -203,6 +204,19 @@ class FilePerKeyBackend(StorageBackend):
             self.counters["files_written"] += len(items)
             self.counters["bytes_written"] += sum(sizes)
         return evicted
+
+    @staticmethod
+    def _make_shard(shard: Path, new_entries: Set[Path]) -> None:
+        """Create the shard directory ``shard`` (and its parent) where missing; add each
+        directory that gained an entry to ``new_entries`` (it must be fsynced too)."""
+        if shard.is_dir():
+            return
+        for directory in (shard.parent, shard):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                continue
+            new_entries.add(directory.parent)
 
     def _make_room(self, nbytes: int) -> List[bytes]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held."""
