@@ -299,7 +299,7 @@ class Store(OffloadMixin, HbmStoreMixin):
             entry = self._dram.reserve(k, size, crc)
             if entry is not None:
                 return entry
-            if self._evict_dram(until=lambda: self._dram.allocator.largest_free >= self._dram.allocator.rounded(size)):
+            if self._evict_dram(until=lambda: self._dram.fits(size)):
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
