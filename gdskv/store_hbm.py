@@ -112,8 +112,7 @@ class HbmStoreMixin:
     # -- eviction into DRAM (called by the tier's sink, store lock held) -------------
 
     def _hbm_make_room(self, size: int) -> None:
-        rounded = self._dram.allocator.rounded(size)
-        if not self._evict_dram(until=lambda: self._dram.allocator.largest_free >= rounded):
+        if not self._evict_dram(until=lambda: self._dram.fits(size)):
             self._cond.notify_all()  # the offloader may make DRAM objects evictable
 
     def _hbm_published(self, entry: DramEntry) -> None:

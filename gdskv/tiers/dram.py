@@ -108,6 +108,12 @@ class DramTier:
         self.entries[key] = entry
         return entry
 
+    def reserve_unlisted(self, key: bytes, size: int) -> Optional[DramEntry]:
+        """Allocate room as :meth:`reserve` does, without registering the entry under
+        ``key``: it stays invisible (the HBM tier's sink lists it once its copy is done)."""
+        offset = self.allocator.allocate(size, align=value_alignment(size))
+        return None if offset is None else DramEntry(key, offset, size, 0)
+
     def fits(self, size: int) -> bool:
         """Whether :meth:`reserve` of a value of ``size`` bytes would find room now."""
         return self.allocator.fits(size, align=value_alignment(size))

@@ -74,15 +74,12 @@ class DramSink(HostSink):
 
     def reserve(self, key: bytes, size: int) -> Optional[memoryview]:
         with self.lock:
-            entry = self.dram.allocator.allocate(size)
+            entry = self.dram.reserve_unlisted(key, size)
             if entry is None and self.make_room is not None:
                 self.make_room(size)
-                entry = self.dram.allocator.allocate(size)
+                entry = self.dram.reserve_unlisted(key, size)
             if entry is None:
                 return None
-            from gdskv.tiers.dram import DramEntry
-
-            entry = DramEntry(key, entry, size, 0)
             view = self.dram.view(entry)
             self._pending[(key, id(view))] = entry
             return view
