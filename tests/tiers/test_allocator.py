@@ -62,12 +62,21 @@ def test_random_workload_matches_a_model():
             if off is None:
                 assert alloc.largest_free < alloc.rounded(size)
                 continue
-            end = off + alloc.rounded(size)
-            assert end <= alloc.capacity
-            for o, s in live.items():
-                assert end <= o or o + s <= off, "overlapping allocations"
-            live[off] = alloc.rounded(size)
+            add_checked(alloc, live, off, size)
         assert alloc.used == sum(live.values())
+    free_all(alloc, live)
+
+
+def add_checked(alloc, live, off, size):
+    """Record a new allocation in the model ``live`` after checking it overlaps nothing."""
+    end = off + alloc.rounded(size)
+    assert end <= alloc.capacity
+    for o, s in live.items():
+        assert end <= o or o + s <= off, "overlapping allocations"
+    live[off] = alloc.rounded(size)
+
+
+def free_all(alloc, live):
     for off in list(live):
         alloc.free(off)
     assert alloc.free_extents == 1 and alloc.used == 0
@@ -114,15 +123,9 @@ def test_aligned_random_workload_matches_a_model_and_fits_agrees():
         if off is None:
             continue
         assert off % (align or 64) == 0
-        end = off + alloc.rounded(size)
-        assert end <= alloc.capacity
-        for o, s in live.items():
-            assert end <= o or o + s <= off, "overlapping allocations"
-        live[off] = alloc.rounded(size)
+        add_checked(alloc, live, off, size)
         assert alloc.used == sum(live.values())
-    for off in list(live):
-        alloc.free(off)
-    assert alloc.free_extents == 1 and alloc.used == 0
+    free_all(alloc, live)
 
 
 def test_bad_alignment_is_refused():
