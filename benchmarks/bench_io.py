@@ -17,9 +17,12 @@ Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the ba
 4 KiB path >= 0.5x fio's IOPS. fio is installed from the distribution's packages when it is
 missing (``--no-fio-install`` skips that); without it only absolute numbers are printed.
 
-Values are written from a 64-byte-aligned arena, like the DRAM tier's; reads land in
-buffers aligned as ``--out-align`` says (default 64 bytes, like numpy arrays), so the
-engines' bounce path is what is measured.
+Values are written from an arena laid out like the DRAM tier's (``--value-align dram``:
+64-byte aligned, page-aligned from 64 KiB, so a large value's whole pages go to the disk
+straight from it; ``--value-align 64`` puts every value 64 bytes past a page boundary, so
+every byte is copied through the engines' staging). Reads land in buffers aligned as
+``--out-align`` says (default 64 bytes, like numpy arrays), so the engines' bounce path is
+what is measured there.
 
     python benchmarks/bench_io.py --size 1GiB --dir /var/tmp/gdskv-bench
 """
@@ -49,6 +52,7 @@ from gdskv.gds import make_engine
 from gdskv.gds.probe import fs_type
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.record import checksum
+from gdskv.tiers.dram import value_alignment
 
 MiB = 1 << 20
 TARGET_LARGE = 0.9
@@ -101,18 +105,30 @@ def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, 
 
 
 class Arena:
-    """Values at 64-byte-aligned (not page-aligned) offsets of one allocation, like DRAM's."""
+    """``count`` values of ``size`` bytes in one allocation.
 
-    def __init__(self, count: int, size: int, seed: int) -> None:
-        self.stride = -(-size // 64) * 64 + 64
-        self.map = mmap.mmap(-1, self.stride * count + 4096)
+    ``placement="dram"``: where the DRAM tier puts them (:func:`gdskv.tiers.dram.value_alignment`:
+    64-byte aligned, page-aligned from 64 KiB), after a 64-byte value, so that nothing is
+    page-aligned by accident. ``"64"``: every value 64 bytes past a page boundary, so every
+    O_DIRECT write of it goes through the engines' staging.
+    """
+
+    def __init__(self, count: int, size: int, seed: int, placement: str = "dram") -> None:
+        if placement == "dram":
+            align = value_alignment(size)
+            self.first = max(align, 128)  # the first free offset after a 64-byte value at 0
+            self.stride = -(-size // align) * align
+        else:
+            self.first = 64
+            self.stride = -(-(size + 64) // 4096) * 4096
+        self.map = mmap.mmap(-1, self.first + self.stride * count + 4096)
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
         self.size = size
         rng = np.random.default_rng(seed)
         self.arr[:] = rng.integers(0, 256, self.arr.size, dtype=np.uint8)
 
     def view(self, i: int) -> memoryview:
-        start = 64 + i * self.stride  # 64 bytes past a page boundary for i = 0
+        start = self.first + i * self.stride
         return memoryview(self.arr[start : start + self.size])
 
 
@@ -254,6 +270,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rand-ops", type=int, default=40000, help="4 KiB reads per run (default 40000)")
     p.add_argument("--rand-qd", type=int, default=64, help="4 KiB reads per batch (default 64)")
     p.add_argument("--out-align", choices=("64", "page"), default="64", help="alignment of read buffers (default 64)")
+    p.add_argument("--value-align", choices=("dram", "64"), default="dram",
+                   help="where written values sit: as the DRAM tier places them, or all 64 bytes past a page (default dram)")
     p.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is printed (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
@@ -273,7 +291,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"# filesystem: {fs_type(base)} on {device_of(base)} at {base}")
     fio_version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip() if fio else None
     print(f"# fio: {fio_version or 'not available: absolute numbers only, no ratios'}")
-    print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}")
+    print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}; "
+          f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}")
     print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
           f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
 
@@ -295,7 +314,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # each ratio compares figures taken minutes apart at most (the disk's speed drifts).
         for size in sizes:
             n = max(1, total // size)
-            arena = Arena(n, size, args.seed + size)
+            arena = Arena(n, size, args.seed + size, args.value_align)
             keys = [f"obj-{size}-{i}".encode() for i in range(n)]
             outs = out_buffers(args.qd, size, args.out_align)
             for r in range(args.repeat):
@@ -319,7 +338,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         # 4 KiB random reads: one data set per engine x backend, written once, read each repeat.
         rand_size = args.rand_objects * 4096
-        arena = Arena(args.rand_objects, 4096, args.seed)
+        arena = Arena(args.rand_objects, 4096, args.seed, args.value_align)
         keys = [f"small-{i}".encode() for i in range(args.rand_objects)]
         outs = out_buffers(args.rand_qd, 4096, args.out_align)
         small = {}

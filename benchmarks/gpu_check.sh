@@ -4,13 +4,15 @@
 #   bash benchmarks/gpu_check.sh            # from the repository root
 #
 # Stages (each under its own timeout, 345 s in all; a failure is a row in the table, never an abort):
-#   setup  install the carried wheels (no network): wheels/gpu (kvikio) and wheels/deps
+#   setup  install the carried wheels (no network) into $GDSKV_GPU_SITE (default
+#          /tmp/gdskv-site, never the system's packages): wheels/gpu (kvikio) and wheels/deps
 #          (gdskv's small dependencies, only those missing); gdskv itself runs from the
 #          working tree (PYTHONPATH), not installed
 #   probe  gdskv's device probe, kvikio import, GDS/compat mode
 #   tests  pytest -m gpu (the tests that need CUDA)
 #   copy   device<->pinned host bandwidth of the HBM tier against a plain torch copy;
-#          HBM hit of a 2 MiB block against a device-to-device copy
+#          HBM hits of 2 MiB blocks (the tier, and the store's get_into/batch_get_into)
+#          against device-to-device copies
 #   nvme   NVMe -> GPU through kvikio and through the staging path, against fio (or a plain
 #          O_DIRECT read) of the same file
 # Environment: PYTHON (default python3), GDSKV_GPU_DIR (where the test file goes; default
@@ -24,7 +26,9 @@ mkdir -p "$LOGDIR"
 ROWS="$LOGDIR/rows.txt"
 : > "$ROWS"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# A carried fio (tools/fio/fio, a static build; not committed) where the machine has none.
+[ -x tools/fio/fio ] && ! command -v fio > /dev/null && export PATH="$PWD/tools/fio:$PATH"
 
 STAGES=" ${GDSKV_GPU_STAGES:-setup probe tests copy nvme} "
 
@@ -43,26 +47,29 @@ stage() {  # stage NAME TIMEOUT_S COMMAND...
     echo "ROW|stage $name|$status|-|-|$((SECONDS - t0))s, log $log" >> "$ROWS"
 }
 
-pipi() {  # pip install, retried past a distribution's "externally managed" refusal
-    $PY -m pip install "$@" || $PY -m pip install --break-system-packages "$@"
+SITE=${GDSKV_GPU_SITE:-/tmp/gdskv-site}
+export PYTHONPATH="$SITE:$PYTHONPATH"
+
+pipt() {  # install wheels into $SITE (never into the system's site-packages)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$@"
 }
 
 setup() {
     $PY -m pip --version || return 1
+    mkdir -p "$SITE"
     if ls wheels/gpu/*.whl > /dev/null 2>&1; then
-        pipi --no-deps wheels/gpu/*.whl || echo "kvikio wheels did not install"
+        pipt wheels/gpu/*.whl || echo "kvikio wheels did not install"
     else
         echo "no wheels/gpu directory: kvikio stages will report it missing"
     fi
-    for mod in numpy crc32c xxhash grpc google.protobuf liburing; do
+    for mod in numpy crc32c xxhash liburing pytest; do
         if ! $PY -c "import $mod" 2> /dev/null; then
-            pkg=${mod/google.protobuf/protobuf}; pkg=${pkg/grpc/grpcio}
-            echo "installing $pkg from wheels/deps"
-            pipi --no-deps --find-links wheels/deps "$pkg" || echo "could not install $pkg"
+            echo "installing $mod from wheels/deps"
+            pipt wheels/deps/${mod}-*.whl || echo "could not install $mod"
         fi
     done
-    $PY -c "import pytest" 2> /dev/null || pipi --no-deps --find-links wheels/deps pytest iniconfig pluggy packaging
     $PY -c "import gdskv; print('gdskv from', gdskv.__file__)"
+    $PY -m pip list 2> /dev/null | grep -i -E "^(torch|cupy|kvikio|libkvikio|nvidia-cufile|cuda-pathfinder|numpy) " || true
 }
 
 probe() {
@@ -84,17 +91,23 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_dev
 PYEOF
 }
 
-tests() {
-    $PY -m pytest -q -m gpu -p no:cacheprovider tests -rs
+tests() {  # only the modules that hold gpu tests: the others need packages this machine may lack
+    $PY -m pytest -q -m gpu -p no:cacheprovider -rs $(grep -rl "mark.gpu" tests --include='test_*.py')
 }
 
-export -f pipi setup probe tests
-export PY LOGDIR
+export -f pipt setup probe tests
+export PY LOGDIR SITE
 nvidia-smi > "$LOGDIR/nvidia-smi.txt" 2>&1 || true
 stage setup 60 setup
-# libcufile from the nvidia-cufile wheel, where the system has none of its own.
-CUFILE_DIR=$($PY -c "import nvidia, os; d = os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'); print(d if os.path.isdir(d) else '')" 2> /dev/null)
-[ -n "$CUFILE_DIR" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUFILE_DIR"
+# libcufile from an nvidia-cufile wheel, where the system has none of its own.
+CUFILE_DIR=$($PY -c "
+import glob, nvidia
+for p in nvidia.__path__:
+    for d in glob.glob(p + '/cu*/lib') + glob.glob(p + '/cufile/lib'):
+        if glob.glob(d + '/libcufile.so*'):
+            print(d); raise SystemExit
+" 2> /dev/null)
+[ -n "$CUFILE_DIR" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUFILE_DIR" && echo "libcufile from $CUFILE_DIR"
 stage probe 30 probe
 stage tests 90 tests
 [ -f "$LOGDIR/tests.log" ] && tail -1 "$LOGDIR/tests.log" | tr '|' '/' | sed 's/^/ROW|gpu tests|/; s/$/|-|-|pytest -m gpu/' >> "$ROWS"

@@ -51,31 +51,37 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: gdskv.open(path)
     *,
     dram: "int | str | None" = None,
     ssd: "int | str | None" = None,
+    hbm: "int | str | None" = None,
     config: Optional[StoreConfig] = None,
+    hbm_pool: Any = None,
     **options: Any,
 ) -> Store:
     """Open (or create) a store in directory ``path``.
 
-    ``dram`` and ``ssd`` are capacities (``"2GiB"`` or bytes; ``ssd=0`` disables the NVMe
-    tier); other keyword options are :class:`StoreConfig` fields. Precedence, lowest first:
-    ``config`` (or the defaults), ``GDSKV_*`` environment variables, explicit arguments.
-    Reopening a directory recovers every intact object on NVMe.
+    ``dram``, ``ssd`` and ``hbm`` are capacities (``"2GiB"`` or bytes; ``ssd=0`` disables
+    the NVMe tier; ``hbm`` > 0 adds a GPU tier, which needs a CUDA device); other keyword
+    options are :class:`StoreConfig` fields. Precedence, lowest first: ``config`` (or the
+    defaults), ``GDSKV_*`` environment variables, explicit arguments. ``hbm_pool`` (a
+    :class:`gdskv.tiers.devpool.DevicePool`) replaces the device pool of the HBM tier: tests
+    pass a host stand-in. Reopening a directory recovers every intact object on NVMe.
     """
     fields = dict(env_overrides())
     if dram is not None:
         fields["dram_bytes"] = parse_size(dram, field="dram")
     if ssd is not None:
         fields["ssd_bytes"] = parse_size(ssd, field="ssd")
+    if hbm is not None:
+        fields["hbm_bytes"] = parse_size(hbm, field="hbm")
     valid = sorted(f.name for f in dataclasses.fields(StoreConfig))
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ConfigError(
-            f"unknown store option; valid options: dram, ssd, config, {', '.join(valid)}",
+            f"unknown store option; valid options: dram, ssd, hbm, config, hbm_pool, {', '.join(valid)}",
             got=", ".join(unknown),
         )
     fields.update(options)
     base = config if config is not None else StoreConfig()
-    return Store(path, base.replace(**fields))
+    return Store(path, base.replace(**fields), hbm_pool=hbm_pool)
 
 
 def connect(master: str, *, local: Optional[Store] = None, **options: Any) -> "Client":

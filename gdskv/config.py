@@ -81,6 +81,16 @@ class StoreConfig:
     dram_bytes: int = 2 * GiB
     #: Byte cap of the NVMe tier; 0 disables it (a DRAM-only cache). Default 20 GiB.
     ssd_bytes: int = 20 * GiB
+    #: Capacity of the GPU (HBM) tier: one device pool allocated at open; 0 disables it
+    #: (device buffers are then refused). Needs a CUDA device (torch). Default 0.
+    hbm_bytes: int = 0
+    #: CUDA device index of the HBM tier's pool. Default 0.
+    hbm_device: int = 0
+    #: Object-level eviction in HBM (into DRAM): "lru" or "fifo". Default "lru".
+    hbm_eviction: str = "lru"
+    #: Keep a copy in HBM of what a device buffer read from DRAM or NVMe, when the HBM
+    #: tier has free room for it (nothing is evicted for it). Default True.
+    hbm_promote: bool = True
     #: Object-level eviction in DRAM: "lru" or "fifo". Default "lru".
     eviction: str = "lru"
     #: Bucket-level eviction on NVMe: "fifo" or "lru". Default "fifo".
@@ -125,7 +135,7 @@ class StoreConfig:
     verify_on_open: str = "index"
 
     def __post_init__(self) -> None:
-        for name in ("dram_bytes", "ssd_bytes", "bucket_bytes"):
+        for name in ("dram_bytes", "ssd_bytes", "hbm_bytes", "bucket_bytes"):
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, parse_size(value, field=name))
@@ -135,6 +145,11 @@ class StoreConfig:
             raise ConfigError("the DRAM tier needs a positive capacity", field="dram_bytes", got=self.dram_bytes)
         check_choice("eviction policy", self.eviction, EVICTION_POLICIES)
         check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES)
+        check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES)
+        if not isinstance(self.hbm_device, int) or isinstance(self.hbm_device, bool) or self.hbm_device < 0:
+            raise ConfigError("must be a CUDA device index >= 0", field="hbm_device", got=self.hbm_device)
+        if not isinstance(self.hbm_promote, bool):
+            raise ConfigError("must be True or False", field="hbm_promote", got=self.hbm_promote)
         check_choice("offload policy", self.offload, OFFLOAD_POLICIES)
         check_choice("backend", self.backend, BACKENDS)
         check_choice("io engine", self.io_engine, IO_ENGINES)
@@ -164,6 +179,10 @@ class StoreConfig:
     def has_ssd(self) -> bool:
         return self.ssd_bytes > 0
 
+    @property
+    def has_hbm(self) -> bool:
+        return self.hbm_bytes > 0
+
     def replace(self, **changes: Any) -> "StoreConfig":
         """Return a copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
@@ -178,6 +197,7 @@ def _positive(name: str, value: int) -> None:
 ENV_FIELDS = {
     "GDSKV_DRAM": "dram_bytes",
     "GDSKV_SSD": "ssd_bytes",
+    "GDSKV_HBM": "hbm_bytes",
     "GDSKV_EVICTION": "eviction",
     "GDSKV_SSD_EVICTION": "ssd_eviction",
     "GDSKV_OFFLOAD": "offload",

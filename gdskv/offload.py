@@ -160,8 +160,13 @@ class OffloadMixin:
         for entry in batch:
             entry.ssd = SsdState.ON_SSD
             if entry.detached:  # overwritten or dropped while being written
-                stale.append(entry.key)
                 self._dram.release(entry)
+                live = self._dram.lookup(entry.key)
+                if live is not None and (live.size, live.crc) == (entry.size, entry.crc):
+                    # The key's current DRAM copy holds the same bytes (published again from
+                    # HBM meanwhile) and may already count on this SSD copy: keep it.
+                    continue
+                stale.append(entry.key)
         self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
         self._counters.add("offloaded", len(batch))
         self._counters.add("offloaded_bytes", sum(e.size for e in batch))

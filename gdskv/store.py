@@ -52,7 +52,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Tuple
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
@@ -63,11 +63,14 @@ from gdskv.errors import (
     StoreClosedError,
 )
 from gdskv.gds import IoEngine, make_engine
+from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
 from gdskv.metrics import Counters, rate
 from gdskv.offload import OffloadMixin, is_no_space
+from gdskv.store_hbm import HbmStoreMixin, OutBuffer
 from gdskv.storedir import open_store_directory
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.record import checksum, record_size
+from gdskv.tiers.devpool import DevicePool
 from gdskv.tiers.dram import DramEntry, DramTier, SsdState
 from gdskv.tiers.policies import make_policy
 from gdskv.types import Key, Tier, byte_view, encode_key
@@ -99,12 +102,21 @@ class CheckReport:
         return not self.corrupt_keys
 
 
-class Store(OffloadMixin):
-    """A DRAM + NVMe tiered key-value store for KV-cache blocks. Open with :func:`gdskv.open`."""
+class Store(OffloadMixin, HbmStoreMixin):
+    """An HBM + DRAM + NVMe tiered key-value store for KV-cache blocks. Open with :func:`gdskv.open`."""
 
-    def __init__(self, path: "str | os.PathLike[str]", config: StoreConfig, *, engine: Optional[IoEngine] = None) -> None:
+    def __init__(
+        self,
+        path: "str | os.PathLike[str]",
+        config: StoreConfig,
+        *,
+        engine: Optional[IoEngine] = None,
+        hbm_pool: Optional[DevicePool] = None,
+    ) -> None:
         """Open the store in ``path``. ``engine`` replaces the one ``config.io_engine`` names
-        (the store owns it from then on and closes it); used to test fault handling."""
+        (the store owns it from then on and closes it); used to test fault handling.
+        ``hbm_pool`` replaces the device pool ``config.hbm_bytes`` asks for (the store owns
+        and closes it); tests pass a :class:`~gdskv.tiers.devpool.HostStandInPool`."""
         self.path = Path(path)
         self.config = config
         self._lock_fd = open_store_directory(self.path, config)
@@ -125,9 +137,12 @@ class Store(OffloadMixin):
         self._listeners: List[StoreListener] = []
         self._engine: Optional[IoEngine] = None
         self._backend = None
+        self._hbm = None
         self._offloader: Optional[threading.Thread] = None
         try:
             self._dram = DramTier(config.dram_bytes, make_policy(config.eviction))
+            self._hbm = self._open_hbm(hbm_pool)
+            hbm_pool = None
             self.recovery = None
             if config.has_ssd:
                 self._engine = engine if engine is not None else make_engine(
@@ -155,14 +170,19 @@ class Store(OffloadMixin):
         except BaseException:
             if engine is not None:
                 engine.close()
+            if hbm_pool is not None:
+                hbm_pool.close()
             self._release_resources()
             raise
 
     # ================================================================== writes
 
     def put(self, key: Key, value: Any, *, overwrite: bool = False) -> None:
-        """Store ``value`` (any contiguous host buffer) under ``key``. See the module docstring."""
+        """Store ``value`` (any contiguous host buffer; a device buffer goes to the HBM tier,
+        see :mod:`gdskv.store_hbm`) under ``key``. See the module docstring."""
         k = encode_key(key)
+        if self._is_device(value):
+            return self._put_device(k, value, overwrite)
         view = byte_view(value)
         self._check_value_size(k, view.nbytes)
         crc = checksum(k, view)
@@ -228,6 +248,8 @@ class Store(OffloadMixin):
             self._dram.detach(entry)
         if self._backend is not None and self._backend.remove(k):
             found = True
+        if self._hbm is not None and self._hbm.remove(k):
+            found = True
         self._nvme_reads.pop(k, None)
         if found:
             self._counters.add("removes")
@@ -242,15 +264,25 @@ class Store(OffloadMixin):
                 "value larger than the NVMe tier", key=k[:64], size=size, capacity=self.config.ssd_bytes
             )
 
-    def _settle_existing(self, k: bytes, size: int, crc: int, overwrite: bool) -> bool:
-        """Handle a put of a key that may exist. True: nothing more to do (same bytes)."""
+    def _settle_existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> bool:
+        """Handle a put of a key that may exist. True: nothing more to do (same bytes).
+        ``crc`` is the new value's CRC, or a function computing it (a device value's CRC
+        needs a copy to the host: computed only when the answer depends on it)."""
         entry = self._dram.lookup(k)
         info = self._backend.lookup(k) if self._backend is not None else None
-        same = (entry is not None and (entry.size, entry.crc) == (size, crc)) or (
-            entry is None and info is not None and (info.size, info.crc) == (size, crc)
-        )
-        if entry is None and info is None:
+        hbm_size = self._hbm.size_of_key(k) if self._hbm is not None else None
+        if entry is None and info is None and hbm_size is None:
             return False
+        if overwrite and callable(crc):
+            self._remove_locked(k)
+            return False
+        new = crc() if callable(crc) else crc
+        if hbm_size is not None:
+            same = hbm_size == size and self._hbm_crc(k, hbm_size) == new
+        elif entry is not None:
+            same = (entry.size, entry.crc) == (size, new)
+        else:
+            same = info is not None and (info.size, info.crc) == (size, new)
         if same:
             self._counters.add("puts_idempotent")
             return True
@@ -267,7 +299,7 @@ class Store(OffloadMixin):
             entry = self._dram.reserve(k, size, crc)
             if entry is not None:
                 return entry
-            if self._evict_dram(until=lambda: self._dram.allocator.largest_free >= self._dram.allocator.rounded(size)):
+            if self._evict_dram(until=lambda: self._dram.fits(size)):
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -331,38 +363,52 @@ class Store(OffloadMixin):
         return None
 
     def get_into(self, key: Key, out: Any) -> Optional[int]:
-        """Copy the value of ``key`` into ``out`` (writable, at least the value's size).
+        """Copy the value of ``key`` into ``out`` (writable, at least the value's size; a
+        device buffer with an HBM tier, see :mod:`gdskv.store_hbm`).
 
         Returns the value's size, or None on a miss. Raises InvalidValueError when ``out``
         is too small (nothing is written then).
         """
         k = encode_key(key)
-        view = byte_view(out, writable=True, what="out")
-        return self._get_into(k, view)
+        if self._hbm is not None and not self._closed and self._hbm.pool.is_device(out):
+            n = self._hbm.get_into(k, out)  # the fast path: an HBM hit into a device buffer
+            if n is not None:
+                return n
+        return self._read_batch([k], [self._out_buffer(out)])[0]
 
     def _get_into(self, k: bytes, view: memoryview) -> Optional[int]:
         return self._read_batch([k], [view])[0]
 
     def batch_get_into(self, keys: Sequence[Key], outs: Sequence[Any]) -> List[Optional[int]]:
-        """``get_into`` for many keys; NVMe reads go out as one batch. None marks a miss."""
+        """``get_into`` for many keys; NVMe reads go out as one batch, HBM hits as one
+        batched device copy. None marks a miss."""
         if len(keys) != len(outs):
             raise InvalidValueError("keys and outs differ in length", keys=len(keys), outs=len(outs))
         ks = [encode_key(k) for k in keys]
-        views = [byte_view(o, writable=True, what="out") for o in outs]
-        return self._read_batch(ks, views)
+        return self._read_batch(ks, [self._out_buffer(o) for o in outs])
 
-    def _read_batch(self, ks: List[bytes], views: List[memoryview]) -> List[Optional[int]]:
+    def _out_buffer(self, out: Any) -> OutBuffer:
+        """A device buffer as it is (with an HBM tier), anything else as a writable byte view."""
+        return out if self._is_device(out) else byte_view(out, writable=True, what="out")
+
+    def _read_batch(self, ks: List[bytes], outs: List[OutBuffer]) -> List[Optional[int]]:
         results: List[Optional[int]] = [None] * len(ks)
         dram_hits: List[tuple[int, DramEntry]] = []
         nvme: List[int] = []
+        rooms = [self._room(out) for out in outs]
         with self._lock:
             self._check_open()
             for i, k in enumerate(ks):  # validate everything before pinning anything
                 size = self._size_of(k)
-                if size is not None and views[i].nbytes < size:
-                    raise InvalidValueError("out is smaller than the value", key=k[:64], size=size, got=views[i].nbytes)
-            for i, k in enumerate(ks):
-                entry = self._dram.readable(k)
+                if size is not None and rooms[i] < size:
+                    raise InvalidValueError("out is smaller than the value", key=k[:64], size=size, got=rooms[i])
+        todo = self._read_hbm(ks, outs, rooms, results)
+        if not todo:
+            return results
+        with self._lock:
+            self._check_open()
+            for i in todo:
+                entry = self._dram.readable(ks[i])
                 if entry is not None:
                     entry.readers += 1
                     self._dram.touch(entry)
@@ -374,7 +420,10 @@ class Store(OffloadMixin):
         t0 = time.perf_counter()
         try:
             for i, entry in dram_hits:
-                self._dram.read_into(entry, views[i])
+                if isinstance(outs[i], memoryview):
+                    self._dram.read_into(entry, outs[i])
+                else:
+                    self._copy_to_device(ks[i], self._dram.view(entry), outs[i])
                 results[i] = entry.size
         finally:
             elapsed = time.perf_counter() - t0
@@ -384,21 +433,45 @@ class Store(OffloadMixin):
                     self._dram.release(entry)
                 self._count_reads(Tier.DRAM, len(dram_hits), sum(e.size for _, e in dram_hits), elapsed)
         if nvme:
-            self._read_nvme(ks, views, nvme, results)
+            self._read_nvme(ks, outs, nvme, results)
         return results
 
-    def _read_nvme(self, ks: List[bytes], views: List[memoryview], idx: List[int], results: List[Optional[int]]) -> None:
+    def _read_nvme(self, ks: List[bytes], outs: List[OutBuffer], idx: List[int], results: List[Optional[int]]) -> None:
+        """Read ``ks[i]`` for ``i`` in ``idx`` from NVMe, verified. A device ``out`` is filled
+        from page-aligned host staging the value is read (O_DIRECT, no bounce copy) and
+        verified into first."""
         assert self._backend is not None
-        t0 = time.perf_counter()
-        sizes = self._backend.read_batch([(ks[i], views[i]) for i in idx])
-        elapsed = time.perf_counter() - t0
-        hits = [(i, n) for i, n in zip(idx, sizes) if n is not None]
+        views: dict[int, memoryview] = {}
+        staging: List[AlignedBuffer] = []
         with self._lock:
-            self._count_reads(Tier.NVME, len(hits), sum(n for _, n in hits), elapsed)
-            self._counters.add("misses", len(idx) - len(hits))
-        for i, n in hits:
-            results[i] = n
-            self._maybe_promote(ks[i], views[i][:n])
+            for i in idx:
+                if isinstance(outs[i], memoryview):
+                    views[i] = outs[i]
+                else:
+                    info = self._backend.lookup(ks[i])
+                    if info is not None:  # else a miss: nothing to read it into
+                        staging.append(alloc_aligned(info.size))
+                        views[i] = staging[-1].view[: info.size]
+        try:
+            t0 = time.perf_counter()
+            reads = [i for i in idx if i in views]
+            sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads]) if reads else []
+            elapsed = time.perf_counter() - t0
+            hits = [(i, n) for i, n in zip(reads, sizes) if n is not None]
+            with self._lock:
+                self._count_reads(Tier.NVME, len(hits), sum(n for _, n in hits), elapsed)
+                self._counters.add("misses", len(idx) - len(hits))
+            for i, n in hits:
+                results[i] = n
+                if views[i] is not outs[i]:
+                    self._copy_to_device(ks[i], views[i][:n], outs[i])
+                self._maybe_promote(ks[i], views[i][:n])
+        finally:
+            for i in idx:
+                if i in views and views[i] is not outs[i]:
+                    views[i].release()
+            for buf in staging:
+                buf.close()
 
     def _count_reads(self, tier: Tier, count: int, nbytes: int, seconds: float) -> None:
         if count:
@@ -407,6 +480,10 @@ class Store(OffloadMixin):
             self._counters.add(f"{tier.value}_read_seconds", seconds)
 
     def _size_of(self, k: bytes) -> Optional[int]:
+        if self._hbm is not None:
+            size = self._hbm.size_of_key(k)
+            if size is not None:
+                return size
         entry = self._dram.readable(k)
         if entry is not None:
             return entry.size
@@ -477,6 +554,8 @@ class Store(OffloadMixin):
             keys = {k for k, e in self._dram.entries.items() if e.complete}
             if self._backend is not None:
                 keys.update(self._backend.keys())
+            if self._hbm is not None:
+                keys.update(self._hbm.keys())
             return len(keys)
 
     def stats(self) -> dict:
@@ -508,6 +587,8 @@ class Store(OffloadMixin):
                 "promoted": int(c.get("promoted", 0)),
                 "config": {"offload": self.config.offload, "eviction": self.config.eviction},
             }
+            if self._hbm is not None:
+                out["hbm"] = self._hbm_stats()
             if self._backend is not None:
                 assert self._engine is not None and self.recovery is not None
                 out["nvme"] = {
@@ -679,8 +760,14 @@ class Store(OffloadMixin):
             raise StoreClosedError("store is closed", path=str(self.path))
 
     def close(self, *, drain: bool = True) -> None:
-        """Close the store. With an SSD tier, first write every DRAM-only object to SSD
-        (``drain=False`` skips that: DRAM-only objects are then lost). Idempotent."""
+        """Close the store. With an SSD tier, first evict every HBM object into DRAM and
+        write every DRAM-only object to SSD (``drain=False`` skips that: HBM- and DRAM-only
+        objects are then lost). Idempotent."""
+        with self._lock:
+            if self._closed or self._closing:
+                return
+        if drain and self._hbm is not None and self._backend is not None:
+            self._drain_hbm(patience_s=max(self.config.put_timeout_s, 5.0))
         with self._lock:
             if self._closed or self._closing:
                 return
@@ -703,6 +790,8 @@ class Store(OffloadMixin):
         self._release_resources()
 
     def _release_resources(self) -> None:
+        if self._hbm is not None:
+            self._hbm.close()  # evictions in flight land in DRAM first
         if self._backend is not None:
             self._backend.close()
         if self._engine is not None:

@@ -66,6 +66,7 @@ class TearingEngine:
     def run(self, requests):
         if self.armed:
             self._engine.run(requests[: max(1, len(requests) // 2)])
+            self.backend._sealer.submit(lambda: None).result()  # its index.tmp is written beside
             block_forever("data")
         return self._engine.run(requests)
 
@@ -74,15 +75,27 @@ class TearingEngine:
 
 
 def install_index_tear(what: str):
-    """Arm a tear of ``write_file_atomic`` for a new index ("index") or a rewrite ("rewrite")."""
+    """Arm a tear of a new bucket's index ("index": ``write_file_synced`` of its temporary
+    file, written while the bucket's data is in flight) or of an index rewrite ("rewrite":
+    ``write_file_atomic``)."""
     from gdskv.tiers.backends import bucket as bucket_module
 
-    real = bucket_module.write_file_atomic
     state = {"armed": False}
+    if what == "index":
+        real_synced = bucket_module.write_file_synced
+
+        def tearing_synced(path: Path, data: bytes):
+            if state["armed"] and path.name.endswith(".index.tmp"):
+                path.write_bytes(data[: len(data) // 2])
+                block_forever(what)
+            return real_synced(path, data)
+
+        bucket_module.write_file_synced = tearing_synced
+        return state
+    real = bucket_module.write_file_atomic
 
     def tearing_write(path: Path, data: bytes, **kwargs):
-        rewrite = path.exists()
-        if state["armed"] and path.name.endswith(".index") and rewrite == (what == "rewrite"):
+        if state["armed"] and path.name.endswith(".index") and path.exists():
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_bytes(data[: len(data) // 2])
             block_forever(what)
@@ -105,6 +118,7 @@ def main(options: dict) -> None:
     if tear is not None:
         if tear["what"] == "data":
             engine = store._backend.engine = TearingEngine(store._backend.engine)
+            engine.backend = store._backend
         else:
             index_tear = install_index_tear(tear["what"])
     say("ready")

@@ -194,8 +194,8 @@ def test_sigkill_at_random_points_never_loses_flushed_or_serves_torn(tmp_path, o
 @pytest.mark.parametrize(
     "what,torn",
     [
-        ("data", 1),  # <bucket>.data.tmp half written
-        ("index", 2),  # <bucket>.data renamed in place, <bucket>.index.tmp half written
+        ("data", 2),  # <bucket>.data.tmp half written, its <bucket>.index.tmp written beside it
+        ("index", 2),  # <bucket>.data.tmp in flight, <bucket>.index.tmp half written beside it
         ("rewrite", 1),  # a remove's <bucket>.index.tmp half written; the old index stays
     ],
 )

@@ -31,7 +31,7 @@ def _uring(*, threads: int, depth: int, direct: bool, directory: Optional[str]) 
 def _kvikio(*, threads: int, depth: int, direct: bool, directory: Optional[str]) -> IoEngine:
     from gdskv.gds.kvikio_engine import KvikioEngine  # needs a CUDA device and kvikio
 
-    return KvikioEngine(direct=direct)
+    return KvikioEngine(direct=direct, threads=threads)
 
 
 def _auto(*, threads: int, depth: int, direct: bool, directory: Optional[str]) -> IoEngine:

@@ -18,6 +18,11 @@ once. Per chunk:
 
 Engines differ only in how they run the chunk transfers (one after another on a pool thread,
 or all at once on an io_uring).
+
+A write is first cut by :func:`split_write`: the parts of it whose memory is 4 KiB-aligned
+where the file offset is (a page-aligned value behind an unaligned record header, say) go
+straight from the caller's buffers, and only the rest is staged. The cuts fall on block
+boundaries, so no two parts share a block.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Tuple
 
-from gdskv.gds.aligned import DIRECT_ALIGN, chunks, gather, scatter, slices, span
+from gdskv.gds.aligned import DIRECT_ALIGN, address_of, align_down, align_up, chunks, gather, scatter, slices, span
 from gdskv.gds.engine import IoOp, IoRequest
 
 
@@ -100,3 +105,50 @@ def _edge_blocks(offset: int, end: int, c_lo: int, c_hi: int) -> List[int]:
     if c_hi > end and (c_hi - DIRECT_ALIGN) not in out:
         out.append(c_hi - DIRECT_ALIGN)
     return out
+
+
+#: Smallest run of blocks :func:`split_write` sends straight from the caller's memory: below
+#: it, one more submission costs more than the copy it saves.
+MIN_DIRECT_BYTES = 64 << 10
+
+
+def split_write(request: IoRequest, min_direct: int = MIN_DIRECT_BYTES) -> List[Tuple[IoRequest, bool]]:
+    """Cut a write on an O_DIRECT file into ``(part, direct)`` pairs, in file order.
+
+    A ``direct`` part obeys the O_DIRECT rules as it is (4 KiB-aligned offset, lengths and
+    addresses): the longest block-aligned stretch of each buffer whose address is aligned
+    where its file offset is, merged with its neighbours, at least ``min_direct`` bytes. The
+    other parts must be bounced. Every cut is on a block boundary, so a bounced part never
+    shares a block with a direct one. A request with nothing to send directly comes back
+    whole, as one bounced part.
+    """
+    runs: List[Tuple[int, int]] = []  # direct file ranges [lo, hi)
+    pos = request.offset
+    for b in request.buffers:
+        n = b.nbytes
+        lo, hi = align_up(pos), align_down(pos + n)
+        if hi > lo and (address_of(b) - pos) % DIRECT_ALIGN == 0:
+            if runs and runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], hi)
+            else:
+                runs.append((lo, hi))
+        pos += n
+    runs = [r for r in runs if r[1] - r[0] >= min_direct]
+    if not runs:
+        return [(request, False)]
+    end = pos
+    parts: List[Tuple[IoRequest, bool]] = []
+    at = request.offset
+
+    def part(lo: int, hi: int, direct: bool) -> None:
+        buffers = tuple(slices(request.buffers, lo - request.offset, hi - lo))
+        parts.append((IoRequest(request.op, request.fd, lo, buffers, request.path), direct))
+
+    for lo, hi in runs:
+        if lo > at:
+            part(at, lo, False)
+        part(lo, hi, True)
+        at = hi
+    if end > at:
+        part(at, end, False)
+    return parts

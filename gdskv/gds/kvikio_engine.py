@@ -44,13 +44,19 @@ def load_kvikio() -> Any:
     return kvikio
 
 
-def gds_mode(kvikio: Any) -> Tuple[str, str]:
-    """``("gds" | "compat", why)`` for this process's kvikio settings and platform."""
+def kvikio_defaults(kvikio: Any) -> Any:
+    """kvikio's settings module (``kvikio.defaults``)."""
     defaults = getattr(kvikio, "defaults", None)
     if defaults is None:  # a submodule that ``import kvikio`` does not load
         import importlib
 
         defaults = importlib.import_module("kvikio.defaults")
+    return defaults
+
+
+def gds_mode(kvikio: Any) -> Tuple[str, str]:
+    """``("gds" | "compat", why)`` for this process's kvikio settings and platform."""
+    defaults = kvikio_defaults(kvikio)
     try:
         preferred = bool(defaults.is_compat_mode_preferred())
         setting = str(defaults.get("compat_mode"))
@@ -79,14 +85,23 @@ class KvikioEngine(IoEngine):
         *,
         direct: bool = True,
         task_size: Optional[int] = None,
+        threads: Optional[int] = None,
         device: Optional[DeviceInfo] = None,
         kvikio_module: Any = None,
     ) -> None:
+        """``threads``: size of kvikio's thread pool, which runs the ``task_size`` pieces of
+        every request (kvikio's default is one thread: one piece in flight at a time). It is
+        a process-wide kvikio setting; None leaves it as it is."""
         require_device("the kvikio engine", device)
         super().__init__(direct=direct)
         self._kvikio = kvikio_module if kvikio_module is not None else load_kvikio()
         self.mode, self.mode_reason = gds_mode(self._kvikio)
         self.task_size = task_size
+        if threads is not None:
+            if threads <= 0:
+                raise ConfigError("kvikio needs at least one thread", threads=threads)
+            kvikio_defaults(self._kvikio).set("num_threads", threads)
+        self.threads = threads
         self._files: Dict[Tuple[int, int, int], Any] = {}
         self._registered: List[Any] = []
         self._lock = threading.Lock()

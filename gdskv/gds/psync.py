@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence
 
 from gdskv.errors import IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, alloc_aligned, is_aligned, is_direct_fd
-from gdskv.gds.bounce import Bounce
+from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 
 #: Default staging chunk of each thread for unaligned O_DIRECT requests.
@@ -48,6 +48,8 @@ class PsyncEngine(IoEngine):
         self._lock = threading.Lock()
         self._local = threading.local()
         self._staging: List[AlignedBuffer] = []
+        #: Bytes of O_DIRECT writes moved through staging (whole blocks), for ``describe()``.
+        self.staged_write_bytes = 0
 
     def submit(self, requests: Sequence[IoRequest]) -> IoFuture:
         if self._closed:
@@ -63,15 +65,25 @@ class PsyncEngine(IoEngine):
             return IoFuture([self._pool.submit(self._execute, r) for r in requests])
 
     def _execute(self, request: IoRequest) -> int:
-        if len(request.buffers) > IOV_MAX or (
-            is_direct_fd(request.fd) and not is_aligned(request.offset, request.buffers)
-        ):
+        if len(request.buffers) > IOV_MAX:
             return self._execute_bounced(request)
+        if is_direct_fd(request.fd) and not is_aligned(request.offset, request.buffers):
+            if request.op is IoOp.READ:
+                return self._execute_bounced(request)
+            for part, direct in split_write(request):  # aligned parts straight from memory
+                if direct:
+                    execute(part)
+                else:
+                    self._execute_bounced(part)
+            return request.nbytes
         return execute(request)
 
     def _execute_bounced(self, request: IoRequest) -> int:
         staging = self._staging_view()
         plan = Bounce(request, staging.nbytes)
+        if request.op is IoOp.WRITE:
+            with self._lock:
+                self.staged_write_bytes += plan.hi - plan.lo
         try:
             for c_lo, c_hi in plan.pieces:
                 view = staging[: c_hi - c_lo]
@@ -102,7 +114,7 @@ class PsyncEngine(IoEngine):
         return buf.view
 
     def describe(self) -> dict:
-        return {**super().describe(), "threads": self.threads}
+        return {**super().describe(), "threads": self.threads, "staged_write_bytes": self.staged_write_bytes}
 
     def close(self) -> None:
         with self._lock:

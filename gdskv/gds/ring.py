@@ -43,7 +43,7 @@ from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequen
 
 from gdskv.errors import IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, alloc_aligned, is_aligned, is_direct_fd, slices
-from gdskv.gds.bounce import Bounce
+from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import IoFuture, IoOp, IoRequest
 from gdskv.gds.iovec import Template
 
@@ -134,9 +134,11 @@ class _Req:
 class _Op:
     """One submission: a direct transfer or one bounced chunk."""
 
-    __slots__ = ("req", "offset", "length", "need", "done", "buffers", "c_lo", "c_hi", "slot", "iov")
+    __slots__ = ("req", "offset", "length", "need", "done", "buffers", "c_lo", "c_hi", "slot", "iov", "bounce")
 
-    def __init__(self, req: _Req, offset: int, length: int, need: int, buffers: Optional[List[memoryview]]) -> None:
+    def __init__(
+        self, req: _Req, offset: int, length: int, need: int, buffers: Optional[List[memoryview]], bounce: Optional[Bounce] = None
+    ) -> None:
         self.req = req
         self.offset = offset  # file offset of the transfer's first byte
         self.length = length  # bytes the transfer moves
@@ -147,6 +149,7 @@ class _Op:
         self.c_hi = offset + length
         self.slot: Optional[int] = None
         self.iov: Optional[Template] = None  # held until completion
+        self.bounce = bounce  # a bounced write: the plan of the part this chunk belongs to
 
 
 class _Small:
@@ -215,6 +218,8 @@ class Ring:
         self._unsubmitted = 0
         self._unsubmitted_bytes = 0
         self._next_id = 1
+        #: Bytes of O_DIRECT writes moved through staging (whole blocks), for ``describe()``.
+        self.staged_write_bytes = 0
 
     # ------------------------------------------------------------------ submission
 
@@ -274,19 +279,40 @@ class Ring:
         if direct is None:
             direct = direct_fds[r.fd] = is_direct_fd(r.fd)
         if len(buffers) <= IOV_MAX and (not direct or is_aligned(r.offset, buffers)):
-            if nbytes <= self.split_bytes:
-                return [_Op(req, r.offset, nbytes, nbytes, list(buffers))]
-            # Large transfers go as several entries, so one batch keeps the device busy
-            # evenly instead of waiting on its last, largest request.
-            ops = []
-            for start in range(0, nbytes, self.split_bytes):
-                n = min(self.split_bytes, nbytes - start)
-                ops.append(_Op(req, r.offset + start, n, n, slices(buffers, start, n)))
-            return ops
+            return self._direct_ops(req, r.offset, buffers, nbytes)
+        if r.op is IoOp.WRITE and len(buffers) <= IOV_MAX:
+            return self._write_ops(req)
         plan = req.bounce = Bounce(r, self.chunk_bytes, nbytes)
         if r.op is IoOp.READ:
             return [_Op(req, c_lo, c_hi - c_lo, plan.need(c_lo, c_hi), None) for c_lo, c_hi in plan.pieces]
-        return [_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None) for c_lo, c_hi in plan.pieces]
+        self.staged_write_bytes += plan.hi - plan.lo
+        return [_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None, plan) for c_lo, c_hi in plan.pieces]
+
+    def _direct_ops(self, req: _Req, offset: int, buffers: Sequence[memoryview], nbytes: int) -> List[_Op]:
+        """Entries that move ``buffers`` at ``offset`` as they are."""
+        if nbytes <= self.split_bytes:
+            return [_Op(req, offset, nbytes, nbytes, list(buffers))]
+        # Large transfers go as several entries, so one batch keeps the device busy
+        # evenly instead of waiting on its last, largest request.
+        ops = []
+        for start in range(0, nbytes, self.split_bytes):
+            n = min(self.split_bytes, nbytes - start)
+            ops.append(_Op(req, offset + start, n, n, slices(buffers, start, n)))
+        return ops
+
+    def _write_ops(self, req: _Req) -> List[_Op]:
+        """An unaligned write on an O_DIRECT file: its aligned parts go straight from the
+        caller's memory, the rest through staging (:func:`split_write`)."""
+        ops: List[_Op] = []
+        for part, direct in split_write(req.request):
+            nbytes = part.nbytes
+            if direct:
+                ops.extend(self._direct_ops(req, part.offset, part.buffers, nbytes))
+                continue
+            plan = req.bounce = Bounce(part, self.chunk_bytes, nbytes)  # the last one holds any tail
+            self.staged_write_bytes += plan.hi - plan.lo
+            ops.extend(_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None, plan) for c_lo, c_hi in plan.pieces)
+        return ops
 
     def _pump(self) -> None:
         """Issue what fits, submit, reap; repeat while reaping freed room. Lock held."""
@@ -325,7 +351,7 @@ class Ring:
                 op.slot = self._free_slots.pop()
                 if req.request.op is IoOp.WRITE:
                     try:
-                        req.bounce.fill(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr]
+                        op.bounce.fill(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr]
                     except OSError as exc:
                         self._backlog.popleft()
                         self._fail_op(op, _io_error(req.request, op.c_lo, exc))

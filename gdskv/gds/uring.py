@@ -6,7 +6,10 @@
   allows (default 64); larger batches and larger requests wait in the ring's backlog.
 - With ``direct=True`` files are opened ``O_DIRECT`` where the filesystem allows it;
   unaligned requests on them go through staging memory allocated page-aligned once per ring
-  (``slots`` chunks of ``chunk_bytes``) and registered as a fixed buffer.
+  (``slots`` chunks of ``chunk_bytes``) and registered as a fixed buffer. Of an unaligned
+  write only the unaligned parts are staged; a page-aligned stretch of it goes straight
+  from the caller's memory. ``describe()["staged_write_bytes"]`` counts the bytes staged
+  for writes by the rings alive.
 - The future of a batch is driven by whoever waits on it (``result()``, ``outcomes()``,
   ``done()``, or ``await``, which waits on an executor thread).
 
@@ -107,12 +110,14 @@ class UringEngine(IoEngine):
         with self._lock:
             rings = len(self._rings)
             fixed = all(r.fixed for r in self._rings) if rings else self.fixed
+            staged = sum(r.staged_write_bytes for r in self._rings)
         return {
             **super().describe(),
             "depth": self.depth,
             "chunk_bytes": self.chunk_bytes,
             "rings": rings,
             "fixed_buffers": fixed,
+            "staged_write_bytes": staged,
         }
 
     def close(self) -> None:

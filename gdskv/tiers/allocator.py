@@ -1,8 +1,10 @@
 """Offset allocator: sub-allocates one contiguous region (an arena, a file, a device pool).
 
 Contract:
-- ``allocate(size)`` returns the offset of a free extent of at least ``size`` bytes, rounded
-  up to ``alignment``, or ``None`` when no free extent is large enough (a miss, not an error).
+- ``allocate(size, align=None)`` returns the offset of a free extent of at least ``size``
+  bytes, rounded up to ``alignment``, or ``None`` when no free extent is large enough (a
+  miss, not an error); with ``align`` the offset is a multiple of it. ``fits(size, align)``
+  says whether that allocation would succeed now.
 - ``free(offset)`` returns an extent to the free list and coalesces it with free neighbours,
   so a fully freed allocator is again one extent of ``capacity`` bytes.
 - ``used`` is exact: the sum of the rounded sizes of live allocations.
@@ -38,26 +40,49 @@ class OffsetAllocator:
         """The number of bytes an allocation of ``size`` really takes."""
         return -(-size // self.alignment) * self.alignment
 
-    def allocate(self, size: int) -> Optional[int]:
-        """Reserve ``size`` bytes; return the offset, or ``None`` if nothing fits."""
+    def allocate(self, size: int, *, align: Optional[int] = None) -> Optional[int]:
+        """Reserve ``size`` bytes; return the offset, or ``None`` if nothing fits.
+
+        ``align`` (a power of two, a multiple of ``alignment``) asks for a start offset that
+        is a multiple of it; the free bytes skipped in front of it stay free."""
         if size <= 0:
             raise GdskvError("allocation size must be positive", got=size)
         need = self.rounded(size)
+        align = self._check_align(align)
         for i, offset in enumerate(self._free_offsets):
             extent = self._free_sizes[offset]
-            if extent < need:
+            start = -(-offset // align) * align
+            if offset + extent < start + need:
                 continue
             del self._free_sizes[offset]
-            if extent == need:
-                del self._free_offsets[i]
-            else:
-                rest = offset + need
-                self._free_offsets[i] = rest
-                self._free_sizes[rest] = extent - need
-            self._live[offset] = need
+            del self._free_offsets[i]
+            rest = offset + extent - (start + need)
+            if rest:
+                self._free_offsets.insert(i, start + need)
+                self._free_sizes[start + need] = rest
+            if start > offset:  # the skipped head stays free
+                self._free_offsets.insert(i, offset)
+                self._free_sizes[offset] = start - offset
+            self._live[start] = need
             self.used += need
-            return offset
+            return start
         return None
+
+    def fits(self, size: int, *, align: Optional[int] = None) -> bool:
+        """Whether :meth:`allocate` of ``size`` (and ``align``) would succeed now."""
+        need = self.rounded(size)
+        align = self._check_align(align)
+        for offset in self._free_offsets:
+            if offset + self._free_sizes[offset] >= -(-offset // align) * align + need:
+                return True
+        return False
+
+    def _check_align(self, align: Optional[int]) -> int:
+        if align is None or align == self.alignment:
+            return self.alignment
+        if align <= 0 or align & (align - 1) or align % self.alignment:
+            raise GdskvError("allocation alignment must be a power of two and a multiple of the allocator's", got=align, alignment=self.alignment)
+        return align
 
     def claim(self, offset: int, size: int) -> None:
         """Mark ``[offset, offset + size)`` (rounded up) as allocated; it must lie inside one

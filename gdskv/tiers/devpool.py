@@ -11,8 +11,15 @@ offset; the HBM tier (:mod:`gdskv.tiers.hbm`) decides which offsets hold what. C
   and return a :class:`Completion`; the source range must not be reused until it is done.
 - ``close()``: idempotent; releases the memory.
 
+Beyond the pool's own memory, a pool knows its kind of device buffer, which is how the store
+tells a device value from a host one: ``is_device(buf)``; ``upload(host, dst)`` copies host
+bytes into such a buffer, ``download(src)`` copies one to new host memory, and
+``read_many([(offset, size, dst), ...])`` serves several objects at once (one batched copy
+on a GPU).
+
 Implementations: :class:`HostStandInPool` (numpy memory standing in for a device, with an
-optional gate that holds back asynchronous copies, so tests decide when they finish) and
+optional gate that holds back asynchronous copies, so tests decide when they finish; its
+"device buffers" are :class:`StandInArray` arrays) and
 :class:`TorchCudaPool` (one ``torch.empty(..., device="cuda")`` allocation and a side
 stream; torch is imported only when it is built).
 """
@@ -74,6 +81,23 @@ class DevicePool:
     def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:  # pragma: no cover
         raise NotImplementedError
 
+    def read_many(self, items: "list[tuple[int, int, Any]]") -> None:
+        """``read_into`` for each ``(offset, size, dst)``; pools may batch the copies."""
+        for offset, size, dst in items:
+            self.read_into(offset, size, dst)
+
+    def is_device(self, buf: Any) -> bool:  # pragma: no cover - interface
+        """Whether ``buf`` is a device buffer of this pool's kind (not host memory)."""
+        raise NotImplementedError
+
+    def upload(self, host: memoryview, dst: Any) -> None:  # pragma: no cover - interface
+        """Copy the bytes of ``host`` into the start of the device buffer ``dst``."""
+        raise NotImplementedError
+
+    def download(self, src: Any) -> memoryview:  # pragma: no cover - interface
+        """A new host copy of the device buffer ``src``, as flat bytes."""
+        raise NotImplementedError
+
     def close(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -93,6 +117,20 @@ def _host_bytes(buf: Any, what: str) -> np.ndarray:
     if not arr.flags.c_contiguous:
         raise InvalidValueError(f"{what}: array is not contiguous")
     return arr.reshape(-1).view(np.uint8)
+
+
+class StandInArray(np.ndarray):
+    """A numpy array that a :class:`HostStandInPool` treats as a device buffer, so the
+    store's device paths (put of a device value, get_into a device buffer) run anywhere.
+    Make one with ``standin_array(data)`` or ``np.empty(n, np.uint8).view(StandInArray)``."""
+
+
+def standin_array(data: Any) -> StandInArray:
+    """A :class:`StandInArray` holding a copy of the bytes of ``data`` (or ``data`` zero
+    bytes when it is an int)."""
+    if isinstance(data, int):
+        return np.zeros(data, dtype=np.uint8).view(StandInArray)
+    return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8).copy().view(StandInArray)
 
 
 class HostStandInPool(DevicePool):
@@ -127,6 +165,16 @@ class HostStandInPool(DevicePool):
     def read_into(self, offset: int, size: int, dst: Any) -> None:
         out = _host_bytes(dst, "output buffer")
         out[:size] = self._mem()[offset : offset + size]
+
+    def is_device(self, buf: Any) -> bool:
+        return isinstance(buf, StandInArray)
+
+    def upload(self, host: memoryview, dst: Any) -> None:
+        out = _host_bytes(dst, "output buffer")
+        out[: host.nbytes] = np.frombuffer(host, dtype=np.uint8)
+
+    def download(self, src: Any) -> memoryview:
+        return memoryview(_host_bytes(src, "value").copy())
 
     def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:
         mem = self._mem()
@@ -189,9 +237,13 @@ class TorchCudaPool(DevicePool):
         self.memory = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         self.stream = torch.cuda.Stream(device=self.device)
         self._registered: list = []
+        self._batched_copy = True
+        self._views: dict = {}
 
     def _as_bytes(self, buf: Any, what: str) -> Any:
         torch = self._torch
+        if type(buf) is torch.Tensor and buf.dtype is torch.uint8 and buf.dim() == 1 and buf.is_contiguous():
+            return buf  # the common case, without building new views
         if isinstance(buf, torch.Tensor):
             t = buf
         elif hasattr(buf, "__cuda_array_interface__") or hasattr(buf, "__dlpack__"):
@@ -215,20 +267,66 @@ class TorchCudaPool(DevicePool):
             self._registered.append(ptr)
 
     def size_of(self, buf: Any) -> int:
+        torch = self._torch
+        if type(buf) is torch.Tensor and buf.is_contiguous():
+            return buf.numel() * buf.element_size()
         return int(self._as_bytes(buf, "value").numel())
+
+    def _region(self, offset: int, size: int) -> Any:
+        """The device bytes ``[offset, offset + size)`` as a tensor view, cached: building a
+        view costs more than launching the copy of a 2 MiB block."""
+        key = (offset, size)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= 65536:
+                self._views.clear()
+            view = self._views[key] = self.memory[offset : offset + size]
+        return view
 
     def write(self, offset: int, src: Any) -> None:
         data = self._as_bytes(src, "value")
-        self.memory[offset : offset + data.numel()].copy_(data, non_blocking=False)
+        self._region(offset, data.numel()).copy_(data, non_blocking=False)
 
     def read_into(self, offset: int, size: int, dst: Any) -> None:
         out = self._as_bytes(dst, "output buffer")
-        out[:size].copy_(self.memory[offset : offset + size], non_blocking=out.is_cuda)
+        if out.numel() != size:
+            out = out[:size]
+        out.copy_(self._region(offset, size), non_blocking=out.is_cuda)
+
+    def read_many(self, items: "list[tuple[int, int, Any]]") -> None:
+        """Device destinations are served by one batched copy (``torch._foreach_copy_``:
+        a few kernel launches for the whole batch instead of one per object)."""
+        outs = [self._as_bytes(dst, "output buffer") for _, _, dst in items]
+        if self._batched_copy and len(items) > 1 and all(o.is_cuda for o in outs):
+            dsts = [o if o.numel() == size else o[:size] for o, (_, size, _) in zip(outs, items)]
+            srcs = [self._region(offset, size) for offset, size, _ in items]
+            try:
+                self._torch._foreach_copy_(dsts, srcs, non_blocking=True)
+                return
+            except (AttributeError, RuntimeError, TypeError):  # an older torch: copy one by one
+                self._batched_copy = False
+        for out, (offset, size, _) in zip(outs, items):
+            out[:size].copy_(self._region(offset, size), non_blocking=out.is_cuda)
+
+    def is_device(self, buf: Any) -> bool:
+        torch = self._torch
+        if isinstance(buf, torch.Tensor):
+            return bool(buf.is_cuda)
+        return hasattr(buf, "__cuda_array_interface__")
+
+    def upload(self, host: memoryview, dst: Any) -> None:
+        out = self._as_bytes(dst, "output buffer")
+        src = self._torch.frombuffer(host, dtype=self._torch.uint8) if not host.readonly else self._torch.tensor(
+            np.frombuffer(host, dtype=np.uint8))
+        out[: host.nbytes].copy_(src, non_blocking=False)
+
+    def download(self, src: Any) -> memoryview:
+        return memoryview(self._as_bytes(src, "value").cpu().numpy())
 
     def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:
         torch = self._torch
         out = self._as_bytes(host, "host buffer")
-        src = self.memory[offset : offset + size]
+        src = self._region(offset, size)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             out[:size].copy_(src, non_blocking=True)
@@ -241,6 +339,7 @@ class TorchCudaPool(DevicePool):
             return
         torch = self._torch
         torch.cuda.synchronize(self.device)
+        self._views.clear()
         cudart = torch.cuda.cudart()
         for ptr in self._registered:
             cudart.cudaHostUnregister(ptr)

@@ -1,5 +1,8 @@
 """The host DRAM tier: one arena allocated once, sub-allocated by :class:`OffsetAllocator`.
 
+Values are 64-byte aligned in the arena, and values of 64 KiB or more page-aligned
+(:func:`value_alignment`), so their pages go to SSD without a staging copy.
+
 The tier is a data structure, not a service: it holds the arena, the allocator, the entries
 and the eviction order, and every method except the byte copies (:meth:`DramTier.write`,
 :meth:`DramTier.read_into`, :meth:`DramTier.view`) must be called under the owning store's
@@ -28,6 +31,17 @@ from gdskv.tiers.policies import EvictionPolicy
 
 #: Allocation granularity inside the arena: cache-line aligned values.
 DRAM_ALIGNMENT = 64
+#: Values of at least this many bytes start on a page boundary of the arena, so that an
+#: O_DIRECT write to SSD (whose records put values on 4 KiB file offsets) sends their whole
+#: pages straight from the arena instead of copying them through staging first.
+PAGE_ALIGNED_FROM = 64 << 10
+#: The page size those values are aligned to (the I/O engines' O_DIRECT alignment).
+PAGE_ALIGNMENT = 4096
+
+
+def value_alignment(size: int) -> int:
+    """Where in the arena a value of ``size`` bytes starts: a multiple of this."""
+    return PAGE_ALIGNMENT if size >= PAGE_ALIGNED_FROM else DRAM_ALIGNMENT
 
 
 class SsdState(enum.Enum):
@@ -87,12 +101,22 @@ class DramTier:
 
     def reserve(self, key: bytes, size: int, crc: int) -> Optional[DramEntry]:
         """Allocate room for ``key`` and register a WRITING entry; None if nothing fits."""
-        offset = self.allocator.allocate(size)
+        offset = self.allocator.allocate(size, align=value_alignment(size))
         if offset is None:
             return None
         entry = DramEntry(key, offset, size, crc)
         self.entries[key] = entry
         return entry
+
+    def reserve_unlisted(self, key: bytes, size: int) -> Optional[DramEntry]:
+        """Allocate room as :meth:`reserve` does, without registering the entry under
+        ``key``: it stays invisible (the HBM tier's sink lists it once its copy is done)."""
+        offset = self.allocator.allocate(size, align=value_alignment(size))
+        return None if offset is None else DramEntry(key, offset, size, 0)
+
+    def fits(self, size: int) -> bool:
+        """Whether :meth:`reserve` of a value of ``size`` bytes would find room now."""
+        return self.allocator.fits(size, align=value_alignment(size))
 
     def written(self, entry: DramEntry) -> None:
         """The copy into a reserved entry is over (done or failed); a detached entry's bytes

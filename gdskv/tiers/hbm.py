@@ -17,7 +17,8 @@ reaches DRAM. A sink that cannot take a victim (DRAM full) makes the tier try th
 when nothing can be evicted in ``put_timeout_s``, the put raises :class:`NoSpaceError`.
 
 Thread-safe: metadata changes under one lock; device copies run outside it on pinned
-entries (``readers``), as in the DRAM tier.
+entries (``readers``), as in the DRAM tier. An owning store passes its own (re-entrant)
+lock, so the tier, the DRAM tier and the sink share one lock and no lock order can invert.
 """
 
 from __future__ import annotations
@@ -51,8 +52,11 @@ class HostSink:
 class DramSink(HostSink):
     """Evicts into a :class:`gdskv.tiers.dram.DramTier`, under ``lock`` (the lock that
     guards that tier). A published copy replaces any older DRAM entry of the key and
-    carries its CRC, computed from the copied bytes. ``on_published(entry)`` runs under
-    ``lock`` after each publication (an owning store queues the entry for offload there)."""
+    carries its CRC, computed from the copied bytes; when the older entry holds the same
+    bytes, it stays and the copy is dropped. ``on_published(entry)`` runs under
+    ``lock`` after each publication (an owning store queues the entry for offload there).
+    ``make_room(size)``, when given, runs under ``lock`` when the arena has no room for a
+    victim (an owning store evicts DRAM objects that are safe on NVMe there)."""
 
     def __init__(
         self,
@@ -60,20 +64,22 @@ class DramSink(HostSink):
         lock: "threading.Lock | threading.RLock",
         *,
         on_published: Optional[Callable[[Any], None]] = None,
+        make_room: Optional[Callable[[int], None]] = None,
     ) -> None:
         self.dram = dram
         self.lock = lock
         self.on_published = on_published
+        self.make_room = make_room
         self._pending: Dict[Tuple[bytes, int], Any] = {}
 
     def reserve(self, key: bytes, size: int) -> Optional[memoryview]:
         with self.lock:
-            entry = self.dram.allocator.allocate(size)
+            entry = self.dram.reserve_unlisted(key, size)
+            if entry is None and self.make_room is not None:
+                self.make_room(size)
+                entry = self.dram.reserve_unlisted(key, size)
             if entry is None:
                 return None
-            from gdskv.tiers.dram import DramEntry
-
-            entry = DramEntry(key, entry, size, 0)
             view = self.dram.view(entry)
             self._pending[(key, id(view))] = entry
             return view
@@ -90,6 +96,13 @@ class DramSink(HostSink):
                 return
             entry.crc = crc
             old = self.dram.lookup(key)
+            if old is not None and old.complete and (old.size, old.crc) == (entry.size, crc):
+                # DRAM already holds these bytes (the object was promoted from there): keep
+                # that entry, whose NVMe state (queued, written) stays true, and drop this copy.
+                entry.detached = True
+                self.dram.written(entry)
+                self.dram.touch(old)
+                return
             if old is not None:
                 self.dram.detach(old)
             self.dram.entries[key] = entry
@@ -128,6 +141,7 @@ class HbmTier:
         *,
         policy: str = "lru",
         put_timeout_s: float = 5.0,
+        lock: "threading.Lock | threading.RLock | None" = None,
     ) -> None:
         self.pool = pool
         self.sink = sink
@@ -137,22 +151,25 @@ class HbmTier:
         self.put_timeout_s = put_timeout_s
         self.entries: Dict[bytes, HbmEntry] = {}
         self._evicting: List[HbmEntry] = []  # copies in flight, oldest first
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
         self._closed = False
-        self.counters = {"puts": 0, "hits": 0, "misses": 0, "evictions": 0, "evictions_abandoned": 0,
+        self.counters = {"puts": 0, "hits": 0, "read_bytes": 0, "misses": 0, "evictions": 0, "evictions_abandoned": 0,
                          "eviction_failures": 0, "sink_full": 0}
 
     # -- public API --------------------------------------------------------------
 
-    def put(self, key: bytes, value: Any) -> None:
+    def put(self, key: bytes, value: Any, *, evict: bool = True) -> bool:
         """Store ``value`` (a device array of the pool's kind, or a host buffer) under
-        ``key``, replacing an older value. Evicts into the sink to make room; raises
-        NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a value
-        larger than the pool."""
+        ``key``, replacing an older value; return True. Evicts into the sink to make room;
+        raises NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a
+        value larger than the pool. With ``evict=False`` nothing is evicted: a value that
+        does not fit in the free space is not stored and the call returns False."""
         size = self.pool.size_of(value)
         if size <= 0 or size > self.capacity:
             raise GdskvError("value does not fit in the HBM tier", key=key, size=size, capacity=self.capacity)
-        entry = self._reserve(key, size)
+        entry = self._reserve(key, size, evict)
+        if entry is None:
+            return False
         try:
             self.pool.write(entry.offset, value)
         except BaseException:
@@ -171,43 +188,81 @@ class HbmTier:
             self.entries[key] = entry
             self.policy.insert(key)
             self.counters["puts"] += 1
+        return True
 
     def get_into(self, key: bytes, out: Any) -> Optional[int]:
         """Copy the object into ``out`` (device-to-device for a device ``out``); return its
         size, or None when it is not in HBM. An EVICTING object is still served; an ``out``
-        smaller than the object is an InvalidValueError."""
+        smaller than the object is an InvalidValueError.
+
+        The copy is issued under the lock (its bytes cannot be freed and handed to another
+        object meanwhile). On a GPU that is a kernel launch, and the copy itself runs after
+        the call returns, ordered on the stream before any later write of those bytes."""
         room = self.pool.size_of(out)
         with self._lock:
             self._check_open()
-            self._reap()
+            if self._evicting:
+                self._reap()
             entry = self.entries.get(key)
             if entry is None:
                 self.counters["misses"] += 1
                 return None
             if room < entry.size:
                 raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
-            entry.readers += 1
-            self.policy.touch(key)
-        try:
             self.pool.read_into(entry.offset, entry.size, out)
-        finally:
-            with self._lock:
-                entry.readers -= 1
-                self._release(entry)
-        with self._lock:
+            self.policy.touch(key)
             self.counters["hits"] += 1
-        return entry.size
+            self.counters["read_bytes"] += entry.size
+            return entry.size
 
-    def batch_get_into(self, keys: Sequence[bytes], outs: Sequence[Any]) -> List[Optional[int]]:
-        """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here."""
+    def batch_get_into(
+        self, keys: Sequence[bytes], outs: Sequence[Any], *, rooms: Optional[Sequence[int]] = None
+    ) -> List[Optional[int]]:
+        """:meth:`get_into` for each ``(key, out)`` pair: sizes, None for keys not here.
+        Every ``out`` is checked before anything is copied (a too-small one is an
+        InvalidValueError and nothing is written); the hits are served by one
+        :meth:`DevicePool.read_many` call. ``rooms``: the byte sizes of ``outs``, when the
+        caller has them already."""
         if len(keys) != len(outs):
             raise InvalidValueError("keys and outputs differ in length", keys=len(keys), outs=len(outs))
-        return [self.get_into(key, out) for key, out in zip(keys, outs)]
+        if rooms is None:
+            rooms = [self.pool.size_of(out) for out in outs]
+        results: List[Optional[int]] = [None] * len(keys)
+        with self._lock:
+            self._check_open()
+            if self._evicting:
+                self._reap()
+            found = [self.entries.get(key) for key in keys]
+            for key, entry, room in zip(keys, found, rooms):
+                if entry is not None and room < entry.size:
+                    raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
+            copies = []
+            for i, entry in enumerate(found):
+                if entry is not None:
+                    copies.append((entry.offset, entry.size, outs[i]))
+                    results[i] = entry.size
+                    self.policy.touch(entry.key)
+            if copies:  # issued under the lock, as in get_into
+                self.pool.read_many(copies)
+            self.counters["hits"] += len(copies)
+            self.counters["read_bytes"] += sum(c[1] for c in copies)
+            self.counters["misses"] += len(keys) - len(copies)
+        return results
 
     def contains(self, key: bytes) -> bool:
         with self._lock:
             self._reap()
             return key in self.entries
+
+    def size_of_key(self, key: bytes) -> Optional[int]:
+        """The size of the object stored under ``key``, or None when it is not here."""
+        with self._lock:
+            entry = self.entries.get(key)
+            return None if entry is None else entry.size
+
+    def keys(self) -> List[bytes]:
+        with self._lock:
+            return list(self.entries)
 
     def state(self, key: bytes) -> Optional[HbmState]:
         with self._lock:
@@ -277,17 +332,21 @@ class HbmTier:
         if self._closed:
             raise StoreClosedError("HBM tier is closed")
 
-    def _reserve(self, key: bytes, size: int) -> HbmEntry:
+    def _reserve(self, key: bytes, size: int, evict: bool = True) -> Optional[HbmEntry]:
         deadline = time.monotonic() + self.put_timeout_s
         while True:
             with self._lock:
                 self._check_open()
                 self._reap()
                 old = self.entries.get(key)
-                if old is not None:
+                if old is not None and evict:
                     self._detach(old)
                 offset = self.allocator.allocate(size)
+                if offset is None and not evict:
+                    return None  # an older value stays as it was
                 if offset is not None:
+                    if old is not None:
+                        self._detach(old)
                     entry = HbmEntry(key, offset, size)
                     entry.readers = 1  # the writer; invisible until put() registers it
                     return entry
@@ -330,6 +389,8 @@ class HbmTier:
         return started
 
     def _reap(self) -> int:
+        if not self._evicting:
+            return 0
         finished = 0
         still: List[HbmEntry] = []
         for entry in self._evicting:

@@ -92,6 +92,27 @@ def test_aligned_buffers_are_moved_in_place(engine, datafile):
     dst.close()
 
 
+def test_a_write_stages_only_what_is_not_aligned(engine, datafile):
+    """A record-shaped write (unaligned header block, page-aligned value, a partial last
+    block) sends the value's whole blocks straight from memory and stages only the rest."""
+    fd, path = datafile
+    mem = alloc_aligned(1 << 20)
+    data = block(5, 4096 + (256 << 10) + 100)
+    head = mem.view[64 : 64 + 4096]  # 64 bytes past a page: cannot go direct
+    value = mem.view[8192 : 8192 + (256 << 10) + 100]  # page-aligned, like the file offset
+    head[:] = data[:4096]
+    value[:] = data[4096:]
+    before = engine.describe().get("staged_write_bytes", 0)
+    assert engine.run([IoRequest.write(fd, 8192, head, value, path=path)]) == [len(data)]
+    staged = engine.describe()["staged_write_bytes"] - before
+    # Direct: the header block and the block holding the value's last 100 bytes.
+    assert staged == (2 * 4096 if engine.direct else 0)
+    assert _read(engine, fd, path, 8192, len(data)) == data
+    assert os.fstat(fd).st_size == 8192 + len(data)
+    del head, value
+    mem.close()
+
+
 def test_a_batch_larger_than_the_queue_and_the_staging(tmp_path):
     for name in ("psync", "uring"):
         eng = _engine(name, True, chunk_bytes=4096, **({"depth": 4, "slots": 2} if name == "uring" else {"threads": 2}))

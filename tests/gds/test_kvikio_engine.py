@@ -69,6 +69,16 @@ def engine():
     eng.close()
 
 
+def test_threads_size_kvikios_pool_and_bad_counts_are_refused():
+    kv = fake_kvikio(compat=True)
+    settings = {}
+    kv.defaults.set = lambda name, value: settings.__setitem__(name, value)
+    KvikioEngine(device=GPU, kvikio_module=kv, threads=16).close()
+    assert settings == {"num_threads": 16}
+    with pytest.raises(ConfigError):
+        KvikioEngine(device=GPU, kvikio_module=kv, threads=0)
+
+
 def test_needs_a_device_and_says_why(monkeypatch):
     monkeypatch.setenv("GDSKV_DEVICE", "cpu")
     with pytest.raises(ConfigError) as info:

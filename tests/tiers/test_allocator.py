@@ -62,12 +62,21 @@ def test_random_workload_matches_a_model():
             if off is None:
                 assert alloc.largest_free < alloc.rounded(size)
                 continue
-            end = off + alloc.rounded(size)
-            assert end <= alloc.capacity
-            for o, s in live.items():
-                assert end <= o or o + s <= off, "overlapping allocations"
-            live[off] = alloc.rounded(size)
+            add_checked(alloc, live, off, size)
         assert alloc.used == sum(live.values())
+    free_all(alloc, live)
+
+
+def add_checked(alloc, live, off, size):
+    """Record a new allocation in the model ``live`` after checking it overlaps nothing."""
+    end = off + alloc.rounded(size)
+    assert end <= alloc.capacity
+    for o, s in live.items():
+        assert end <= o or o + s <= off, "overlapping allocations"
+    live[off] = alloc.rounded(size)
+
+
+def free_all(alloc, live):
     for off in list(live):
         alloc.free(off)
     assert alloc.free_extents == 1 and alloc.used == 0
@@ -83,3 +92,44 @@ def test_bad_calls_raise():
         alloc.allocate(0)
     with pytest.raises(GdskvError, match="not allocated"):
         alloc.free(64)
+
+
+def test_aligned_allocations_leave_the_skipped_head_free():
+    alloc = OffsetAllocator(1 << 16, alignment=64)
+    assert alloc.allocate(100) == 0
+    big = alloc.allocate(5000, align=4096)
+    assert big == 4096
+    assert alloc.used == 128 + 5056
+    assert alloc.allocate(64) == 128  # in the head skipped by the aligned allocation
+    alloc.free(big)
+    assert alloc.allocate(4096, align=4096) == 4096
+
+
+def test_aligned_random_workload_matches_a_model_and_fits_agrees():
+    rng = random.Random(11)
+    alloc = OffsetAllocator(1 << 18, alignment=64)
+    live = {}
+    for _ in range(4000):
+        if live and rng.random() < 0.45:
+            off = rng.choice(list(live))
+            alloc.free(off)
+            del live[off]
+            continue
+        size = rng.randint(1, 20000)
+        align = 4096 if size >= 8192 else None
+        fits = alloc.fits(size, align=align)
+        off = alloc.allocate(size, align=align)
+        assert fits == (off is not None)
+        if off is None:
+            continue
+        assert off % (align or 64) == 0
+        add_checked(alloc, live, off, size)
+        assert alloc.used == sum(live.values())
+    free_all(alloc, live)
+
+
+def test_bad_alignment_is_refused():
+    alloc = OffsetAllocator(1 << 16, alignment=64)
+    for align in (32, 96, 0):
+        with pytest.raises(GdskvError):
+            alloc.allocate(10, align=align)

@@ -5,9 +5,12 @@ Layout under ``<store>/buckets/``::
     <id:016x>.data    records (see :mod:`record`), values 4 KiB-aligned
     <id:016x>.index   the bucket's index; its presence *seals* the bucket
 
-A write builds one bucket from a batch: data to ``.data.tmp``, fsync, rename; then the index
-the same way; then the directory is fsynced. Recovery trusts only sealed buckets: a data
-file without an index, or any ``.tmp``, is a torn write and is deleted.
+A write builds one bucket from a batch: the records go to ``.data.tmp`` and, while they are
+in flight, the index to ``.index.tmp`` (fsynced, on a helper thread); once the records are written the data file
+is fdatasynced, both files are renamed into place (data first) and the directory is
+fsynced, and only then does the write return. So the index is never in place before the
+data it lists is durable. Recovery trusts only sealed buckets: a data file without an
+index, or any ``.tmp``, is a torn write and is deleted.
 
 Removing a key rewrites its bucket's index without it (atomically), so a reopen never brings
 it back; a bucket whose last key is removed is deleted. Eviction is bucket-level (FIFO or
@@ -21,6 +24,7 @@ allow it); the engine handles alignment, so records are handed to it as they are
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 from pathlib import Path
@@ -37,7 +41,7 @@ from gdskv.errors import (
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
-from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic
+from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
     IndexEntry,
@@ -106,6 +110,8 @@ class BucketBackend(StorageBackend):
         self._used = 0
         self._next_bucket = 1
         self._next_seq = 1
+        #: Writes each new bucket's index while its data is in flight.
+        self._sealer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gdskv-seal")
         self.counters = {
             "buckets_written": 0,
             "bytes_written": 0,
@@ -244,8 +250,9 @@ class BucketBackend(StorageBackend):
             self._next_seq += len(items)
             self._used += data_len  # reserved; released if the write fails
         entries = []
+        tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
+        index_tmp = bucket.index_path.with_name(bucket.index_path.name + TMP_SUFFIX)
         try:
-            tmp = bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX)
             fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
@@ -255,16 +262,26 @@ class BucketBackend(StorageBackend):
                     head = encode_head(key, value.nbytes, seq, crc)
                     requests.append(IoRequest.write(fd, offset, *record_buffers(head, value), path=str(tmp)))
                     entries.append(IndexEntry(key, offset + len(head), value.nbytes, seq, crc))
-                self.engine.run(requests)
-                os.fsync(fd)
+                # The index goes to its temporary name (and is fsynced) on the sealer thread
+                # while the data is written; it is renamed into place only once the data is
+                # durable.
+                indexed = self._sealer.submit(write_file_synced, index_tmp, encode_index(bucket.id, data_len, entries))
+                try:
+                    self.engine.run(requests)
+                    os.fdatasync(fd)
+                finally:
+                    concurrent.futures.wait([indexed])  # it may not recreate the file after a cleanup
+                indexed.result()
             finally:
                 os.close(fd)
             os.replace(tmp, bucket.data_path)
-            write_file_atomic(bucket.index_path, encode_index(bucket.id, data_len, entries))
+            os.replace(index_tmp, bucket.index_path)  # sealed
+            fsync_dir(self.dir)
         except (OSError, GdskvError) as exc:
-            unlink_quietly(bucket.data_path.with_name(bucket.data_path.name + TMP_SUFFIX))
+            unlink_quietly(tmp)
+            unlink_quietly(index_tmp)
+            unlink_quietly(bucket.index_path)  # unseal first, as when dropping a bucket
             unlink_quietly(bucket.data_path)
-            unlink_quietly(bucket.index_path)
             with self._lock:
                 self._used -= data_len
             if isinstance(exc, GdskvError):
@@ -429,6 +446,7 @@ class BucketBackend(StorageBackend):
             self._closed = True
             for bucket in self._buckets.values():
                 bucket.close_fd()
+        self._sealer.shutdown(wait=True)
         try:
             fsync_dir(self.dir)
         except OSError:

@@ -10,7 +10,10 @@ from the path. File names come from a hash of the key, so no key — ``../x``, `
 NUL bytes, 4 KiB of anything — can name a path outside the store directory.
 
 A write makes each file under a temporary name (through the I/O engine, ``O_DIRECT`` where
-allowed), fsyncs it, renames it into place and fsyncs the shard directories once per batch;
+allowed), fdatasyncs it (as soon as its own write completes, the batch's syncs side by side
+on a few threads), renames it into place and then fsyncs, side by side, every directory
+whose entries changed (the shard directories, and their parents when a shard is new); only
+then does the write return;
 recovery deletes leftover temporary files and drops files whose header, checksum or name
 does not match their content. ``remove`` unlinks the file and fsyncs its directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
@@ -18,6 +21,7 @@ Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 from pathlib import Path
@@ -27,7 +31,7 @@ import xxhash
 
 from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.aligned import preallocate
-from gdskv.gds.engine import IoEngine, IoOp, IoRequest
+from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
 from gdskv.tiers.backends.record import (
@@ -46,6 +50,10 @@ log = logging.getLogger(__name__)
 _READ = IoOp.READ
 
 SUFFIX = ".rec"
+#: Files (and directories) of one batch synced at once.
+SYNC_THREADS = 16
+#: Bytes of records whose files are created before their writes are submitted together.
+SUBMIT_BYTES = 8 << 20
 
 
 def file_name(key: bytes) -> str:
@@ -73,6 +81,8 @@ class FilePerKeyBackend(StorageBackend):
         self._dir_str = str(self.dir)
         self._used = 0
         self._next_seq = 1
+        #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
+        self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         self.counters = {
             "files_written": 0,
             "bytes_written": 0,
@@ -150,8 +160,8 @@ class FilePerKeyBackend(StorageBackend):
     # ------------------------------------------------------------------ writes
 
     def write(self, items: Sequence[WriteItem]) -> List[bytes]:
-        """Write each item to its own file (temporary name, fsync, rename); return keys
-        evicted to make room."""
+        """Write each item to its own file (temporary name, fdatasync, rename, directory
+        fsync); return keys evicted to make room."""
         if not items:
             return []
         if len({key for key, _, _ in items}) != len(items):  # one file per key: the last wins
@@ -168,27 +178,48 @@ class FilePerKeyBackend(StorageBackend):
         entries: List[IndexEntry] = []
         written: List[Tuple[Path, Path]] = []
         fds: List[int] = []
+        new_entries: Set[Path] = set()  # directories that gained a shard directory
+        submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
+        syncs: List["concurrent.futures.Future[None]"] = []
         try:
-            requests = []
+            # Files are created and their writes submitted a group at a time, so the device
+            # is busy with one group while the next one's files are created.
+            requests: List[IoRequest] = []
+            group_start = group_bytes = 0
             for i, (key, value, crc) in enumerate(items):
                 final = self.path_of(key)
-                final.parent.mkdir(parents=True, exist_ok=True)
+                self._make_shard(final.parent, new_entries)
                 tmp = final.with_name(final.name + TMP_SUFFIX)
                 fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 fds.append(fd)
                 written.append((tmp, final))
-                preallocate(fd, record_size(len(key), value.nbytes))
+                preallocate(fd, sizes[i])
                 head = encode_head(key, value.nbytes, first_seq + i, crc)
                 requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmp)))
                 entries.append(IndexEntry(key, len(head), value.nbytes, first_seq + i, crc))
-            self.engine.run(requests)
-            for fd in fds:
-                os.fsync(fd)
+                group_bytes += sizes[i]
+                if group_bytes >= SUBMIT_BYTES or i == len(items) - 1:
+                    submitted.append((self.engine.submit(requests[group_start:]), group_start))
+                    group_start, group_bytes = len(requests), 0
+            # Each file is fdatasynced as soon as its write completes, while the others are
+            # still being written, and the syncs run side by side.
+            failure: Optional[BaseException] = None
+            for future, first in submitted:
+                for j, outcome in future.as_completed():
+                    if isinstance(outcome, BaseException):
+                        failure = failure or outcome
+                    elif failure is None:
+                        syncs.append(self._syncer.submit(os.fdatasync, fds[first + j]))
+            _wait_all(syncs)
+            if failure is not None:
+                raise failure
             for tmp, final in written:
                 os.replace(tmp, final)
-            for parent in {final.parent for _, final in written}:
-                fsync_dir(parent)
+            _wait_all([self._syncer.submit(fsync_dir, d) for d in {f.parent for _, f in written} | new_entries])
         except (OSError, GdskvError) as exc:
+            for future, _ in submitted:  # nothing may still write from or into a file we drop
+                future.outcomes()
+            concurrent.futures.wait(syncs)
             for tmp, _ in written:
                 unlink_quietly(tmp)
             with self._lock:
@@ -210,6 +241,19 @@ class FilePerKeyBackend(StorageBackend):
             self.counters["files_written"] += len(items)
             self.counters["bytes_written"] += sum(sizes)
         return evicted
+
+    @staticmethod
+    def _make_shard(shard: Path, new_entries: Set[Path]) -> None:
+        """Create the shard directory ``shard`` (and its parent) where missing; add each
+        directory that gained an entry to ``new_entries`` (it must be fsynced too)."""
+        if shard.is_dir():
+            return
+        for directory in (shard.parent, shard):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                continue
+            new_entries.add(directory.parent)
 
     def _make_room(self, nbytes: int) -> List[bytes]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held."""
@@ -328,6 +372,14 @@ class FilePerKeyBackend(StorageBackend):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self._syncer.shutdown(wait=True)
+
+
+def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
+    """Wait for every future, then raise the first one's error, if any."""
+    concurrent.futures.wait(futures)
+    for future in futures:
+        future.result()
 
 
 def _fsync_dir_quietly(path: Path) -> None:

@@ -19,6 +19,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_file_synced(path: Path, data: bytes) -> None:
+    """Create (or truncate) ``path``, write ``data`` and fsync it; raise OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_file_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` via a temporary name, fsync and rename.
 
@@ -26,14 +38,7 @@ def write_file_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_file_synced(tmp, data)
         os.replace(tmp, path)
         if sync_dir:
             fsync_dir(path.parent)

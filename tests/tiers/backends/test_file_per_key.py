@@ -109,3 +109,23 @@ def test_a_corrupt_file_is_a_miss_and_is_deleted(tmp_path, direct_psync):
     assert read(backend, b"k", 30_000) is None
     assert backend.counters["corrupt_reads"] == 1 and not path.exists()
     backend.close()
+
+
+def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct_psync, monkeypatch):
+    """The file's shard directory, and the directories that gained a new shard directory:
+    otherwise a power loss could drop a new shard (and the file in it) after the write
+    was acknowledged."""
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    backend = open_backend(tmp_path, direct_psync)
+    synced = []
+    real = fpk.fsync_dir
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    backend.write(items({b"first": block(1, 5000)}))
+    name = file_name(b"first")
+    root = tmp_path / "files"
+    assert set(synced) == {str(root), str(root / name[:2]), str(root / name[:2] / name[2:4])}
+    synced.clear()
+    backend.write(items({b"first": block(2, 5000)}))  # the shards exist now
+    assert synced == [str(root / name[:2] / name[2:4])]
+    backend.close()

@@ -1,0 +1,295 @@
+"""The store with an HBM tier (gdskv/store_hbm.py), on a host stand-in for device memory:
+device puts land in HBM, reads look there first, evictions reach DRAM and NVMe, close
+drains HBM, the existing-key rules hold across tiers. The same paths on a real GPU are the
+``gpu`` tests at the end."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import gdskv
+from gdskv.errors import ConfigError, InvalidValueError, KeyExistsError
+from gates import After
+from gdskv.tiers.devpool import HostStandInPool, StandInArray, standin_array
+from tests.conftest import block
+
+KiB = 1024
+
+
+@pytest.fixture
+def hbm_store(make_store):
+    """A store whose HBM tier is a host stand-in pool of ``hbm`` bytes (default 64 KiB)."""
+
+    def _make(sub: str = "store", hbm: int = 64 * KiB, **options):
+        return make_store(sub, hbm_pool=HostStandInPool(hbm), **options)
+
+    return _make
+
+
+def dev(seed: int, size: int) -> StandInArray:
+    return standin_array(block(seed, size))
+
+
+def read_dev(store, key, size) -> bytes | None:
+    out = standin_array(size)
+    n = store.get_into(key, out)
+    return None if n is None else out[:n].tobytes()
+
+
+def test_device_put_lands_in_hbm_and_reads_back_into_device_and_host(hbm_store):
+    store = hbm_store()
+    store.put("a", dev(1, 8 * KiB))
+    stats = store.stats()
+    assert stats["hbm"]["objects"] == 1 and stats["dram"]["objects"] == 0
+    assert read_dev(store, "a", 8 * KiB) == block(1, 8 * KiB)
+    host = bytearray(8 * KiB)
+    assert store.get_into("a", host) == 8 * KiB and bytes(host) == block(1, 8 * KiB)
+    assert store.get("a") == block(1, 8 * KiB)
+    assert store.exists("a") and len(store) == 1
+    assert store.stats()["hbm"]["hits"] == 3
+
+
+def test_evicted_objects_reach_dram_then_nvme_and_survive_reopen(hbm_store, tmp_path):
+    store = hbm_store(hbm=64 * KiB)
+    for i in range(12):  # 12 x 16 KiB through a 64 KiB pool
+        store.put(f"k{i}", dev(i, 16 * KiB))
+    store._hbm.drain()
+    stats = store.stats()
+    assert stats["hbm"]["objects"] <= 4
+    assert stats["hbm"]["evicted_to_dram"] >= 8
+    for i in range(12):
+        assert read_dev(store, f"k{i}", 16 * KiB) == block(i, 16 * KiB), i
+    assert store.check().ok
+    store.flush()
+    store.close()
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as again:
+        for i in range(12):
+            assert again.get(f"k{i}") == block(i, 16 * KiB), i
+
+
+def test_close_drains_hbm_so_nothing_acknowledged_is_lost(hbm_store, tmp_path):
+    store = hbm_store(hbm=64 * KiB)
+    for i in range(3):
+        store.put(f"k{i}", dev(i, 16 * KiB))
+    assert store.stats()["dram"]["objects"] == 0
+    store.close()
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as again:
+        assert [again.get(f"k{i}") for i in range(3)] == [block(i, 16 * KiB) for i in range(3)]
+
+
+def test_close_without_drain_drops_hbm_objects(hbm_store, tmp_path):
+    store = hbm_store()
+    store.put("volatile", dev(1, 4 * KiB))
+    store.close(drain=False)
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as again:
+        assert again.get("volatile") is None
+
+
+def test_device_read_from_dram_is_promoted_into_hbm_when_it_has_room(hbm_store):
+    store = hbm_store()
+    store.put("h", block(5, 8 * KiB))  # a host value: DRAM
+    assert store.stats()["hbm"]["objects"] == 0
+    assert read_dev(store, "h", 8 * KiB) == block(5, 8 * KiB)
+    stats = store.stats()
+    assert stats["hbm"]["promoted"] == 1 and stats["hbm"]["objects"] == 1
+    hits = stats["hbm"]["hits"]
+    assert read_dev(store, "h", 8 * KiB) == block(5, 8 * KiB)
+    assert store.stats()["hbm"]["hits"] == hits + 1
+
+
+def test_promotion_never_evicts_and_can_be_switched_off(hbm_store):
+    store = hbm_store(hbm=16 * KiB)
+    store.put("resident", dev(1, 16 * KiB))  # fills HBM
+    store.put("host", block(2, 8 * KiB))
+    assert read_dev(store, "host", 8 * KiB) == block(2, 8 * KiB)
+    stats = store.stats()
+    assert stats["hbm"]["promoted"] == 0 and stats["hbm"]["evictions"] == 0
+    off = hbm_store("off", hbm_promote=False)
+    off.put("host", block(2, 8 * KiB))
+    assert read_dev(off, "host", 8 * KiB) == block(2, 8 * KiB)
+    assert off.stats()["hbm"]["objects"] == 0
+
+
+def test_device_read_from_nvme_is_verified_then_copied_and_promoted(hbm_store, tmp_path):
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as first:
+        for i in range(4):
+            first.put(f"n{i}", block(i, 12 * KiB))
+    store = hbm_store()  # reopens the same directory: the values are on NVMe only
+    assert store.stats()["dram"]["objects"] == 0
+    for i in range(4):
+        assert read_dev(store, f"n{i}", 12 * KiB) == block(i, 12 * KiB)
+    stats = store.stats()
+    assert stats["nvme"]["hits"] == 4 and stats["hbm"]["promoted"] == 4
+    assert read_dev(store, "n0", 12 * KiB) == block(0, 12 * KiB)
+    assert store.stats()["nvme"]["hits"] == 4  # served from HBM now
+
+
+def test_batch_get_into_mixes_tiers_and_buffer_kinds(hbm_store):
+    store = hbm_store(hbm=32 * KiB)
+    store.put("hbm", dev(1, 8 * KiB))
+    store.put("dram", block(2, 8 * KiB))
+    outs = [standin_array(8 * KiB), bytearray(8 * KiB), standin_array(8 * KiB), bytearray(8 * KiB)]
+    sizes = store.batch_get_into(["hbm", "hbm", "dram", "missing"], outs)
+    assert sizes == [8 * KiB, 8 * KiB, 8 * KiB, None]
+    assert outs[0].tobytes() == block(1, 8 * KiB) and bytes(outs[1]) == block(1, 8 * KiB)
+    assert outs[2].tobytes() == block(2, 8 * KiB)
+    assert bytes(outs[3]) == bytes(8 * KiB)
+
+
+def test_too_small_device_out_is_refused_before_anything_is_written(hbm_store):
+    store = hbm_store()
+    store.put("a", dev(1, 8 * KiB))
+    store.put("b", block(2, 8 * KiB))
+    small = standin_array(4 * KiB)
+    small[:] = 7
+    ok = standin_array(8 * KiB)
+    ok[:] = 7
+    with pytest.raises(InvalidValueError):
+        store.batch_get_into(["a", "b"], [ok, small])
+    assert (ok == 7).all() and (small == 7).all()
+    with pytest.raises(InvalidValueError):
+        store.get_into("b", small)
+
+
+def test_existing_key_rules_hold_across_hbm_and_dram(hbm_store):
+    store = hbm_store()
+    store.put("host", block(1, 4 * KiB))
+    store.put("host", dev(1, 4 * KiB))  # same bytes from the device: a no-op
+    assert store.stats()["hbm"]["objects"] == 0
+    with pytest.raises(KeyExistsError):
+        store.put("host", dev(2, 4 * KiB))
+    store.put("host", dev(2, 4 * KiB), overwrite=True)
+    assert store.get("host") == block(2, 4 * KiB)
+    assert store.stats()["dram"]["objects"] == 0  # the old DRAM copy is gone
+
+    store.put("dev", dev(3, 4 * KiB))
+    store.put("dev", block(3, 4 * KiB))  # same bytes from the host: a no-op
+    with pytest.raises(KeyExistsError):
+        store.put("dev", block(4, 4 * KiB))
+    assert read_dev(store, "dev", 4 * KiB) == block(3, 4 * KiB)
+    store.put("dev", block(4, 4 * KiB), overwrite=True)
+    assert store.get("dev") == block(4, 4 * KiB)
+
+
+def test_remove_forgets_hbm_objects(hbm_store):
+    store = hbm_store()
+    store.put("a", dev(1, 4 * KiB))
+    assert store.remove("a") is True
+    assert not store.exists("a") and store.get("a") is None and len(store) == 0
+    assert store.remove("a") is False
+
+
+def test_bad_device_values_are_refused_with_context(hbm_store):
+    store = hbm_store(hbm=16 * KiB)
+    with pytest.raises(InvalidValueError, match="HBM tier"):
+        store.put("big", dev(1, 32 * KiB))
+    with pytest.raises(InvalidValueError):
+        store.put("empty", standin_array(0))
+    assert len(store) == 0
+
+
+def test_dram_only_store_takes_hbm_evictions_as_a_cache(hbm_store):
+    store = hbm_store(hbm=32 * KiB, dram="64KiB", ssd=0)
+    for i in range(20):
+        store.put(f"k{i}", dev(i, 16 * KiB))
+    store._hbm.drain()
+    stats = store.stats()
+    assert stats["dram"]["dropped"] > 0  # DRAM made room by dropping its coldest objects
+    assert read_dev(store, "k19", 16 * KiB) == block(19, 16 * KiB)
+    for i in range(20):
+        got = read_dev(store, f"k{i}", 16 * KiB)
+        assert got is None or got == block(i, 16 * KiB)
+
+
+def test_concurrent_device_puts_and_reads_stay_consistent(hbm_store):
+    store = hbm_store(hbm=64 * KiB, dram="256KiB")
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(40):
+                key = f"t{t}-{i}"
+                store.put(key, dev(t * 1000 + i, 8 * KiB))
+                for j in range(max(0, i - 3), i + 1):
+                    got = read_dev(store, f"t{t}-{j}", 8 * KiB)
+                    assert got == block(t * 1000 + j, 8 * KiB), (t, j)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors[0]
+    assert store.check().ok
+    store.flush()
+    for t in range(4):
+        for i in range(40):
+            assert store.get(f"t{t}-{i}") == block(t * 1000 + i, 8 * KiB)
+
+
+def test_copy_written_while_the_key_cycles_through_hbm_is_kept(hbm_store, tmp_path):
+    """A DRAM object being offloaded is read into a device buffer (promoted into HBM) and
+    evicted from HBM again before its offload finishes: the DRAM copy published from HBM
+    counts on the SSD copy just written, which must therefore stay on SSD."""
+    store = hbm_store()
+    write = store._backend.write = After(store._backend.write)
+    store.put("k", block(1, 8 * KiB))  # eager: queued for SSD at once
+    write.wait_reached()  # written to SSD; the offloader has not finished the batch yet
+    assert read_dev(store, "k", 8 * KiB) == block(1, 8 * KiB)  # promoted into HBM
+    store._hbm.evict(store._hbm.capacity)
+    store._hbm.drain()  # published into DRAM again: the first DRAM copy is detached
+    write.open()
+    store.flush()
+    assert store._backend.lookup(b"k") is not None
+    store.close()
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as again:
+        assert again.get("k") == block(1, 8 * KiB)
+
+
+def test_hbm_option_without_a_device_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("GDSKV_DEVICE", "cpu")
+    with pytest.raises(ConfigError, match="HBM"):
+        gdskv.open(tmp_path / "s", dram="4MiB", ssd="16MiB", hbm="1MiB")
+    with pytest.raises(ConfigError):
+        gdskv.open(tmp_path / "s", dram="4MiB", ssd="16MiB", hbm_eviction="random")
+    # The failed open released the directory: a store without HBM opens there.
+    gdskv.open(tmp_path / "s", dram="4MiB", ssd="16MiB").close()
+
+
+def test_host_arrays_still_go_to_dram_with_an_hbm_tier(hbm_store):
+    store = hbm_store()
+    store.put("np", np.frombuffer(block(9, 4 * KiB), dtype=np.uint8))
+    stats = store.stats()
+    assert stats["dram"]["objects"] == 1 and stats["hbm"]["objects"] == 0
+
+
+# --------------------------------------------------------------------------- real GPU
+
+
+@pytest.mark.gpu
+def test_cuda_store_put_get_evict_and_reopen(tmp_path):
+    torch = pytest.importorskip("torch")
+    MiB = 1 << 20
+    values = [torch.randint(0, 255, (2 * MiB,), dtype=torch.uint8, device="cuda") for _ in range(6)]
+    with gdskv.open(tmp_path / "s", dram="16MiB", ssd="64MiB", hbm="4MiB") as store:
+        for i, v in enumerate(values):
+            store.put(f"k{i}", v)
+        outs = [torch.empty(2 * MiB, dtype=torch.uint8, device="cuda") for _ in range(6)]
+        assert store.batch_get_into([f"k{i}" for i in range(6)], outs) == [2 * MiB] * 6
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, v) for o, v in zip(outs, values))
+        stats = store.stats()
+        assert stats["hbm"]["pool"] == "cuda" and stats["hbm"]["evicted_to_dram"] >= 4
+        host = bytearray(2 * MiB)
+        assert store.get_into("k0", host) == 2 * MiB and bytes(host) == bytes(values[0].cpu().numpy())
+    with gdskv.open(tmp_path / "s", dram="16MiB", ssd="64MiB", hbm="8MiB") as again:
+        out = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+        for i, v in enumerate(values):  # NVMe -> host (verified) -> device
+            assert again.get_into(f"k{i}", out) == 2 * MiB
+            torch.cuda.synchronize()
+            assert torch.equal(out, v), i
