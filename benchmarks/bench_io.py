@@ -80,7 +80,7 @@ def ensure_fio(install: bool) -> Optional[str]:
 
 def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None) -> float:
     """One fio job over a file of ``size`` bytes; returns bytes/s, or IOPS for 4 KiB blocks.
-    ``ios`` stops it after that many I/Os (the same count gdskv does)."""
+    ``ios``: that many I/Os (the same count gdskv does), looping over the file as needed."""
     target = directory / "fio.dat"
     if rw == "write" and target.exists():
         target.unlink()  # a fresh file for every write run, as the backends write fresh files
@@ -92,7 +92,10 @@ def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, 
     if rw == "write":
         cmd.append("--end_fsync=1")
     if ios:
-        cmd.append(f"--number_ios={ios}")
+        # A random job ends once it has covered the file; loop over it so that fio does as
+        # many I/Os as gdskv (a file of 8192 blocks read once is a short, coarse baseline).
+        loops = max(1, -(-ios * bs // size))
+        cmd += [f"--number_ios={ios}", f"--loops={loops}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"fio failed: {done.stderr.strip() or done.stdout.strip()}")
