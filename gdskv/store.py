@@ -455,7 +455,13 @@ class Store(OffloadMixin, HbmStoreMixin):
         try:
             t0 = time.perf_counter()
             reads = [i for i in idx if i in views]
-            sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads]) if reads else []
+
+            def to_device(r: int, n: int) -> None:  # as each read is verified, the rest in flight
+                i = reads[r]
+                if views[i] is not outs[i]:
+                    self._copy_to_device(ks[i], views[i][:n], outs[i])
+
+            sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads], to_device) if reads else []
             elapsed = time.perf_counter() - t0
             hits = [(i, n) for i, n in zip(reads, sizes) if n is not None]
             with self._lock:
@@ -463,8 +469,6 @@ class Store(OffloadMixin, HbmStoreMixin):
                 self._counters.add("misses", len(idx) - len(hits))
             for i, n in hits:
                 results[i] = n
-                if views[i] is not outs[i]:
-                    self._copy_to_device(ks[i], views[i][:n], outs[i])
                 self._maybe_promote(ks[i], views[i][:n])
         finally:
             for i in idx:

@@ -88,8 +88,14 @@ class StorageBackend:
     def lookup(self, key: bytes) -> Optional[ObjectInfo]:  # pragma: no cover
         raise NotImplementedError
 
-    def read_batch(self, items: Sequence[ReadItem]) -> List[Optional[int]]:
+    def read_batch(
+        self, items: Sequence[ReadItem], on_verified: Optional[Callable[[int, int], None]] = None
+    ) -> List[Optional[int]]:
         """Read and verify a batch of values (see the module docstring).
+
+        ``on_verified(i, size)``, when given, runs (outside the lock) as soon as the read of
+        ``items[i]`` is verified, while the rest of the batch is still in flight: a caller
+        can start using that value at once (the store starts a device copy there).
 
         The batch goes to the engine in groups of :data:`READ_GROUP`: each group is looked
         up and pinned under the lock (:meth:`_plan_reads`) and submitted at once, so the
@@ -115,7 +121,7 @@ class StorageBackend:
                 if requests:
                     futures.append((first, self.engine.submit(requests)))
             for first, future in futures:
-                self._verify_reads(future, items, plan, first, results, bad)
+                self._verify_reads(future, items, plan, first, results, bad, on_verified)
             verified = True
         finally:
             if not verified:  # an error left reads in flight: they end before their pins go
@@ -182,6 +188,7 @@ class StorageBackend:
         first: int,
         results: List[Optional[int]],
         bad: List[Tuple[int, Any, str]],
+        on_verified: Optional[Callable[[int, int], None]] = None,
     ) -> None:
         """Verify each read of ``future`` as soon as it completes, while the rest are in flight.
 
@@ -204,6 +211,8 @@ class StorageBackend:
                 bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
             else:
                 results[i] = size
+                if on_verified is not None:
+                    on_verified(i, size)
 
     # -- shared bookkeeping ---------------------------------------------------------
     # Subclasses keep ``self._objects`` (key -> their own record of it), ``self._lock``,

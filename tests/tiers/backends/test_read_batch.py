@@ -100,8 +100,15 @@ def test_a_corrupt_value_in_a_later_group_is_a_miss_and_is_dropped(backend):
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x5A]))
     outs = outs_64_past_a_page([len(stored[k]) for k in keys])
-    got = backend.read_batch(list(zip(keys, outs)))
+    verified = []
+
+    def on_verified(i, size):  # each good read, once, with its bytes already in place
+        assert bytes(outs[i][:size]) == stored[keys[i]]
+        verified.append((i, size))
+
+    got = backend.read_batch(list(zip(keys, outs)), on_verified)
     assert got == [None if k == bad else len(stored[k]) for k in keys]
+    assert sorted(verified) == [(i, n) for i, n in enumerate(got) if n is not None]
     assert all(bytes(o[: len(stored[k])]) == stored[k] for k, o in zip(keys, outs) if k != bad)
     assert backend.stats()["corrupt_reads"] == 1
     assert backend.lookup(bad) is None and nothing_pinned(backend)
