@@ -81,6 +81,14 @@ class DevicePool:
     def to_host_async(self, offset: int, size: int, host: memoryview) -> Completion:  # pragma: no cover
         raise NotImplementedError
 
+    def copy_out(self, offset: int, size: int, dst: Any) -> bool:
+        """``read_into`` when ``dst`` holds at least ``size`` bytes (True); else copy nothing
+        and return False. One call, for the hot path of a single hit."""
+        if self.size_of(dst) < size:
+            return False
+        self.read_into(offset, size, dst)
+        return True
+
     def read_many(self, items: "list[tuple[int, int, Any]]") -> None:
         """``read_into`` for each ``(offset, size, dst)``; pools may batch the copies."""
         for offset, size, dst in items:
@@ -292,6 +300,16 @@ class TorchCudaPool(DevicePool):
         if out.numel() != size:
             out = out[:size]
         out.copy_(self._region(offset, size), non_blocking=out.is_cuda)
+
+    def copy_out(self, offset: int, size: int, dst: Any) -> bool:
+        out = self._as_bytes(dst, "output buffer")
+        room = out.numel()
+        if room < size:
+            return False
+        if room != size:
+            out = out[:size]
+        out.copy_(self._region(offset, size), non_blocking=out.is_cuda)
+        return True
 
     def read_many(self, items: "list[tuple[int, int, Any]]") -> None:
         """Device destinations are served by one batched copy (``torch._foreach_copy_``:

@@ -198,7 +198,6 @@ class HbmTier:
         The copy is issued under the lock (its bytes cannot be freed and handed to another
         object meanwhile). On a GPU that is a kernel launch, and the copy itself runs after
         the call returns, ordered on the stream before any later write of those bytes."""
-        room = self.pool.size_of(out)
         with self._lock:
             self._check_open()
             if self._evicting:
@@ -207,9 +206,8 @@ class HbmTier:
             if entry is None:
                 self.counters["misses"] += 1
                 return None
-            if room < entry.size:
-                raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
-            self.pool.read_into(entry.offset, entry.size, out)
+            if not self.pool.copy_out(entry.offset, entry.size, out):
+                raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=self.pool.size_of(out))
             self.policy.touch(key)
             self.counters["hits"] += 1
             self.counters["read_bytes"] += entry.size
