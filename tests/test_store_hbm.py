@@ -287,6 +287,10 @@ def test_cuda_store_put_get_evict_and_reopen(tmp_path):
         assert stats["hbm"]["pool"] == "cuda" and stats["hbm"]["evicted_to_dram"] >= 4
         host = bytearray(2 * MiB)
         assert store.get_into("k0", host) == 2 * MiB and bytes(host) == bytes(values[0].cpu().numpy())
+        one = torch.full((2 * MiB + 512,), 7, dtype=torch.uint8, device="cuda")
+        assert store.get_into("k5", one) == 2 * MiB  # an HBM hit into a larger device buffer
+        torch.cuda.synchronize()
+        assert torch.equal(one[: 2 * MiB], values[5]) and bool((one[2 * MiB :] == 7).all())
     with gdskv.open(tmp_path / "s", dram="16MiB", ssd="64MiB", hbm="8MiB") as again:
         out = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
         for i, v in enumerate(values):  # NVMe -> host (verified) -> device
