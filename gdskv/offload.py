@@ -125,7 +125,10 @@ class OffloadMixin:
                 )
                 if due and now >= self._offload_paused_until:
                     return self._take_batch()
-                timeout = max(cfg.bucket_max_age_s - age, self._offload_paused_until - now, 0.001)
+                # Due but paused after a failure: wake when the pause ends, not when the
+                # oldest object would reach bucket_max_age_s.
+                wake = self._offload_paused_until - now if due else max(cfg.bucket_max_age_s - age, self._offload_paused_until - now)
+                timeout = max(wake, 0.001)
             elif self._closing:
                 return None
             self._cond.wait(timeout)

@@ -99,6 +99,20 @@ def test_enospc_while_offloading_pauses_keeps_dram_and_resumes(tmp_path, backend
             assert store.get(key) == value
 
 
+def test_a_retry_after_a_failure_does_not_wait_for_the_bucket_age(tmp_path):
+    """A flush after a failed batch retries once the pause is over, even when objects may
+    wait far longer for a bucket to fill (bucket_max_age_s)."""
+    store, faulty = open_faulty(tmp_path, "bucket", "psync", bucket_max_age_s=60.0, offload_retry_s=0.05)
+    with store:
+        faulty.inject("eio", op=IoOp.WRITE)
+        store.put("k", block(1, 100_000))
+        with pytest.raises(gdskv.IoError):
+            store.flush(timeout=10)
+        faulty.clear()
+        store.flush(timeout=5)  # raises NoSpaceError("flush timed out") if the retry waits 60 s
+        assert store.stats()["nvme"]["objects"] == 1
+
+
 @pytest.mark.parametrize("backend", ["bucket", "file_per_key"])
 def test_a_really_full_filesystem_pauses_offload_until_space_is_freed(tiny_fs, backend):
     filler = tiny_fs / "filler"
