@@ -319,7 +319,15 @@ class FilePerKeyBackend(StorageBackend):
             os.close(fd)
 
     def _drop_read(self, fd: int, entry: IndexEntry, why: str) -> None:
-        log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], self.path_of(entry.key), why)
+        path = self.path_of(entry.key)
+        seq = _header_seq(path)
+        if seq is not None and seq != entry.seq:
+            # A write renamed a newer file into place and has not updated the index yet: the
+            # read opened that file and checked it against the old entry. The new file is
+            # not corrupt (the write lists it next); the read is only a miss.
+            log.info("gdskv: %s was replaced while it was read; not dropping it", path)
+            return
+        log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], path, why)
         self._forget(entry)
 
     def _forget(self, entry: IndexEntry) -> None:
@@ -373,6 +381,16 @@ class FilePerKeyBackend(StorageBackend):
         with self._lock:
             self._closed = True
         self._syncer.shutdown(wait=True)
+
+
+def _header_seq(path: Path) -> Optional[int]:
+    """The sequence number in the header of the record file at ``path``, or None when it
+    cannot be read or decoded."""
+    try:
+        with open(path, "rb") as f:
+            return decode_head(f.read(RECORD_HEADER.size), path=str(path)).seq
+    except (OSError, GdskvError):
+        return None
 
 
 def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:

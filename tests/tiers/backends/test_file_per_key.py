@@ -129,3 +129,27 @@ def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct
     backend.write(items({b"first": block(2, 5000)}))  # the shards exist now
     assert synced == [str(root / name[:2] / name[2:4])]
     backend.close()
+
+
+def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch):
+    """An overwrite renames its file into place before it updates the index. A read in that
+    window checks the new file against the old entry and fails: a miss, but the new file
+    must stay (it is the value the write is about to acknowledge)."""
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gates import Gate
+
+    backend = open_backend(tmp_path, direct_psync)
+    old, new = block(1, 10_000), block(2, 10_000)
+    backend.write(items({b"k": old}))
+    gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
+    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
+    writer.start()
+    gate.wait_reached()
+    assert read(backend, b"k", len(new)) is None  # the new bytes fail the old entry's CRC
+    gate.open()
+    writer.join(10)
+    assert read(backend, b"k", len(new)) == new
+    backend.close()
