@@ -1,4 +1,6 @@
-"""The local tiered store: DRAM in front, NVMe behind, embeddable, no network.
+"""The local tiered store: DRAM in front, NVMe behind, embeddable, no network; with
+``hbm_bytes`` an HBM (GPU) tier sits in front of DRAM (:mod:`gdskv.store_hbm` states what
+changes for device buffers; below, "DRAM" is where host values go).
 
 Contracts of the public API (all methods are thread-safe):
 
