@@ -65,10 +65,9 @@ from gdskv.errors import (
     StoreClosedError,
 )
 from gdskv.gds import IoEngine, make_engine
-from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
 from gdskv.metrics import Counters, rate
 from gdskv.offload import OffloadMixin, is_no_space
-from gdskv.store_hbm import HbmStoreMixin, OutBuffer
+from gdskv.store_hbm import DeviceStaging, HbmStoreMixin, OutBuffer
 from gdskv.storedir import open_store_directory
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.record import checksum, record_size
@@ -140,6 +139,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._engine: Optional[IoEngine] = None
         self._backend = None
         self._hbm = None
+        self._arena_pinned = False
         self._offloader: Optional[threading.Thread] = None
         try:
             self._dram = DramTier(config.dram_bytes, make_policy(config.eviction))
@@ -398,17 +398,15 @@ class Store(OffloadMixin, HbmStoreMixin):
         dram_hits: List[tuple[int, DramEntry]] = []
         nvme: List[int] = []
         rooms = [self._room(out) for out in outs]
+        todo = list(range(len(ks)))
+        if self._hbm is not None:
+            with self._lock:
+                self._check_sizes(ks, rooms, todo)  # nothing is written if any out is too small
+            todo = self._read_hbm(ks, outs, rooms, results)
+            if not todo:
+                return results
         with self._lock:
-            self._check_open()
-            for i, k in enumerate(ks):  # validate everything before pinning anything
-                size = self._size_of(k)
-                if size is not None and rooms[i] < size:
-                    raise InvalidValueError("out is smaller than the value", key=k[:64], size=size, got=rooms[i])
-        todo = self._read_hbm(ks, outs, rooms, results)
-        if not todo:
-            return results
-        with self._lock:
-            self._check_open()
+            self._check_sizes(ks, rooms, todo)  # again: a value may have been replaced meanwhile
             for i in todo:
                 entry = self._dram.readable(ks[i])
                 if entry is not None:
@@ -420,14 +418,17 @@ class Store(OffloadMixin, HbmStoreMixin):
                 else:
                     self._counters.add("misses")
         t0 = time.perf_counter()
+        copies = []  # device copies from pinned DRAM entries: done before the pins go
         try:
             for i, entry in dram_hits:
                 if isinstance(outs[i], memoryview):
                     self._dram.read_into(entry, outs[i])
                 else:
-                    self._copy_to_device(ks[i], self._dram.view(entry), outs[i])
+                    copies.append(self._copy_to_device(ks[i], self._dram.view(entry), outs[i], pinned=self._arena_pinned))
                 results[i] = entry.size
         finally:
+            for copy in copies:
+                copy.wait()
             elapsed = time.perf_counter() - t0
             with self._lock:
                 for _, entry in dram_hits:
@@ -438,30 +439,38 @@ class Store(OffloadMixin, HbmStoreMixin):
             self._read_nvme(ks, outs, nvme, results)
         return results
 
+    def _check_sizes(self, ks: List[bytes], rooms: List[int], idx: List[int]) -> None:
+        """Raise InvalidValueError if ``ks[i]`` (``i`` in ``idx``) is stored with more bytes
+        than ``rooms[i]``. Lock held; checked before anything is pinned or copied."""
+        self._check_open()
+        for i in idx:
+            size = self._size_of(ks[i])
+            if size is not None and rooms[i] < size:
+                raise InvalidValueError("out is smaller than the value", key=ks[i][:64], size=size, got=rooms[i])
+
     def _read_nvme(self, ks: List[bytes], outs: List[OutBuffer], idx: List[int], results: List[Optional[int]]) -> None:
         """Read ``ks[i]`` for ``i`` in ``idx`` from NVMe, verified. A device ``out`` is filled
-        from page-aligned host staging the value is read (O_DIRECT, no bounce copy) and
-        verified into first."""
+        from host staging (:class:`gdskv.store_hbm.DeviceStaging`) the value is read and
+        verified into first; its device copy starts as soon as it is verified."""
         assert self._backend is not None
         views: dict[int, memoryview] = {}
-        staging: List[AlignedBuffer] = []
-        with self._lock:
-            for i in idx:
-                if isinstance(outs[i], memoryview):
-                    views[i] = outs[i]
-                else:
-                    info = self._backend.lookup(ks[i])
-                    if info is not None:  # else a miss: nothing to read it into
-                        staging.append(alloc_aligned(info.size))
-                        views[i] = staging[-1].view[: info.size]
+        staging = DeviceStaging(self) if self._hbm is not None else None
         try:
+            with self._lock:
+                for i in idx:
+                    if isinstance(outs[i], memoryview):
+                        views[i] = outs[i]
+                    elif staging is not None:
+                        info = self._backend.lookup(ks[i])
+                        if info is not None:  # else a miss: nothing to read it into
+                            views[i] = staging.add(i, ks[i], info.size)
             t0 = time.perf_counter()
             reads = [i for i in idx if i in views]
 
             def to_device(r: int, n: int) -> None:  # as each read is verified, the rest in flight
                 i = reads[r]
-                if views[i] is not outs[i]:
-                    self._copy_to_device(ks[i], views[i][:n], outs[i])
+                if staging is not None and views[i] is not outs[i]:
+                    staging.upload(i, ks[i], n, outs[i])
 
             sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads], to_device) if reads else []
             elapsed = time.perf_counter() - t0
@@ -473,11 +482,8 @@ class Store(OffloadMixin, HbmStoreMixin):
                 results[i] = n
                 self._maybe_promote(ks[i], views[i][:n])
         finally:
-            for i in idx:
-                if i in views and views[i] is not outs[i]:
-                    views[i].release()
-            for buf in staging:
-                buf.close()
+            if staging is not None:
+                staging.close()  # after every device copy from it is done
 
     def _count_reads(self, tier: Tier, count: int, nbytes: int, seconds: float) -> None:
         if count:

@@ -39,8 +39,9 @@ import time
 from typing import Any, List, Optional, Union
 
 from gdskv.errors import GdskvError, InvalidValueError
+from gdskv.gds.aligned import alloc_aligned
 from gdskv.tiers.backends.record import checksum
-from gdskv.tiers.devpool import DevicePool
+from gdskv.tiers.devpool import DONE, Completion, DevicePool
 from gdskv.tiers.dram import DramEntry, SsdState
 from gdskv.tiers.hbm import DramSink, HbmTier
 from gdskv.types import Tier
@@ -65,9 +66,9 @@ class HbmStoreMixin:
             from gdskv.tiers.devpool import TorchCudaPool
 
             pool = TorchCudaPool(config.hbm_bytes, device=config.hbm_device)
-        if hasattr(pool, "pin"):  # device-to-host evictions into the arena become real DMA
+        if hasattr(pool, "pin"):  # copies between the arena and the device become real DMA
             try:
-                pool.pin(memoryview(self._dram.arena))
+                self._arena_pinned = bool(pool.pin(memoryview(self._dram.arena)))
             except Exception as exc:  # noqa: BLE001 - unpinned copies still work, synchronously
                 log.warning("gdskv: could not page-lock the DRAM arena for the HBM tier: %s", exc)
         sink = DramSink(self._dram, self._lock, on_published=self._hbm_published, make_room=self._hbm_make_room)
@@ -147,25 +148,32 @@ class HbmStoreMixin:
                 results[i] = n
         return todo
 
-    def _copy_to_device(self, k: bytes, host: memoryview, out: Any) -> None:
+    def _copy_to_device(self, k: bytes, host: memoryview, out: Any, *, pinned: bool = False) -> Completion:
         """Fill the device buffer ``out`` with ``host`` (a value read from DRAM or NVMe) and,
-        with ``hbm_promote``, keep a copy in HBM when it has free room."""
+        with ``hbm_promote``, keep a copy in HBM when it has free room. With ``pinned``
+        (``host`` lies in the page-locked DRAM arena) the copy is asynchronous: ``host``
+        must stay as it is until the returned completion is done."""
         hbm = self._hbm
         assert hbm is not None
-        hbm.pool.upload(host, out)
+        if pinned:
+            copied = hbm.pool.upload_async(host, out)
+        else:
+            hbm.pool.upload(host, out)
+            copied = DONE
         if not self.config.hbm_promote or hbm.size_of_key(k) is not None:
-            return
-        try:
+            return copied
+        try:  # a device-to-device copy from ``out``, ordered after the upload on the stream
             stored = hbm.put(k, _prefix(hbm.pool, out, host.nbytes), evict=False)
         except GdskvError as exc:  # the read succeeded; a failed promotion only costs speed
             log.debug("gdskv: promotion of %r into HBM failed: %s", k[:64], exc)
-            return
+            return copied
         if stored:
             with self._lock:
                 if self._size_of_lower(k) != host.nbytes:  # removed or replaced meanwhile
                     hbm.remove(k)
-                    return
+                    return copied
                 self._counters.add("hbm_promoted")
+        return copied
 
     def _size_of_lower(self, k: bytes) -> Optional[int]:
         """The size of ``k`` in DRAM or NVMe (not HBM). Lock held."""
@@ -226,3 +234,52 @@ def _prefix(pool: DevicePool, out: Any, n: int) -> Any:
         return out.reshape(-1).view(np.uint8)[:n]
     raise InvalidValueError("cannot take a byte prefix of this device buffer", type=type(out).__name__)
 
+
+class DeviceStaging:
+    """Host memory that NVMe values bound for device buffers are read (and verified) into,
+    for one batch read of a :class:`gdskv.Store` with an HBM tier.
+
+    A value gets a slot of the DRAM arena when the arena is page-locked and has room (the
+    device copy is then an asynchronous DMA; the slot is never listed as a DRAM object),
+    else page-aligned memory of its own (O_DIRECT reads it without a bounce copy; the device
+    copy is synchronous). ``add`` (store lock held) hands out the view to read into;
+    ``upload`` starts the device copy of a verified value; ``close`` waits for every copy
+    and gives the memory back.
+    """
+
+    def __init__(self, store: "HbmStoreMixin") -> None:
+        self.store = store
+        self._slots: dict = {}  # index -> (view, DramEntry or AlignedBuffer)
+        self._copies: List[Completion] = []
+
+    def add(self, i: int, key: bytes, size: int) -> memoryview:
+        store = self.store
+        entry = store._dram.reserve_unlisted(key, size) if store._arena_pinned else None
+        if entry is not None:
+            view = store._dram.view(entry)
+            self._slots[i] = (view, entry)
+        else:
+            buf = alloc_aligned(size)
+            view = buf.view[:size]
+            self._slots[i] = (view, buf)
+        return view
+
+    def upload(self, i: int, key: bytes, n: int, out: Any) -> None:
+        view, holder = self._slots[i]
+        self._copies.append(self.store._copy_to_device(key, view[:n], out, pinned=isinstance(holder, DramEntry)))
+
+    def close(self) -> None:
+        try:
+            for copy in self._copies:
+                copy.wait()
+        finally:
+            slots, self._slots = self._slots, {}
+            with self.store._lock:
+                for view, holder in slots.values():
+                    if isinstance(holder, DramEntry):
+                        holder.detached = True
+                        self.store._dram.written(holder)  # frees the slot
+            for view, holder in slots.values():
+                if not isinstance(holder, DramEntry):
+                    view.release()
+                    holder.close()

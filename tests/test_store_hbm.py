@@ -127,6 +127,33 @@ def test_device_read_from_nvme_is_verified_then_copied_and_promoted(hbm_store, t
     assert store.stats()["nvme"]["hits"] == 4  # served from HBM now
 
 
+def test_device_reads_from_nvme_stage_in_dram_slots_and_give_them_back(hbm_store, tmp_path):
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as first:
+        for i in range(6):
+            first.put(f"n{i}", block(i, 200 * KiB))
+    store = hbm_store(hbm=64 * KiB, hbm_promote=False, promote_after_reads=0)
+    assert store.stats()["dram"]["used_bytes"] == 0
+    slots = []
+    reserve = store._dram.reserve_unlisted
+    store._dram.reserve_unlisted = lambda key, size: slots.append(key) or reserve(key, size)
+    outs = [standin_array(200 * KiB) for _ in range(6)]
+    assert store.batch_get_into([f"n{i}" for i in range(6)], outs) == [200 * KiB] * 6
+    assert len(slots) == 6  # every value was staged in a DRAM slot
+    assert [o.tobytes() for o in outs] == [block(i, 200 * KiB) for i in range(6)]
+    stats = store.stats()
+    assert stats["dram"]["used_bytes"] == 0 and stats["dram"]["objects"] == 0  # slots freed, none listed
+    assert stats["dram"]["free_extents"] == 1
+
+
+def test_device_reads_from_nvme_fall_back_to_own_memory_when_dram_is_full(hbm_store, tmp_path):
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as first:
+        first.put("n", block(7, 300 * KiB))
+    store = hbm_store(hbm=64 * KiB, dram="256KiB", hbm_promote=False, promote_after_reads=0)
+    out = standin_array(300 * KiB)  # larger than the whole DRAM tier: no slot can hold it
+    assert store.get_into("n", out) == 300 * KiB and out.tobytes() == block(7, 300 * KiB)
+    assert store.stats()["dram"]["used_bytes"] == 0
+
+
 def test_batch_get_into_mixes_tiers_and_buffer_kinds(hbm_store):
     store = hbm_store(hbm=32 * KiB)
     store.put("hbm", dev(1, 8 * KiB))

@@ -62,6 +62,18 @@ class FutureCompletion(Completion):
         return True
 
 
+class _Done(Completion):
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return True
+
+
+#: A completion that is already done.
+DONE: Completion = _Done()
+
+
 class DevicePool:
     """Interface of a device memory pool (see the module docstring)."""
 
@@ -101,6 +113,12 @@ class DevicePool:
     def upload(self, host: memoryview, dst: Any) -> None:  # pragma: no cover - interface
         """Copy the bytes of ``host`` into the start of the device buffer ``dst``."""
         raise NotImplementedError
+
+    def upload_async(self, host: memoryview, dst: Any) -> Completion:
+        """Start copying ``host`` into ``dst``; ``host`` must stay untouched until the
+        returned completion is done. Pools without asynchronous copies copy at once."""
+        self.upload(host, dst)
+        return DONE
 
     def download(self, src: Any) -> memoryview:  # pragma: no cover - interface
         """A new host copy of the device buffer ``src``, as flat bytes."""
@@ -176,6 +194,11 @@ class HostStandInPool(DevicePool):
 
     def is_device(self, buf: Any) -> bool:
         return isinstance(buf, StandInArray)
+
+    def pin(self, host: memoryview) -> bool:
+        """Host memory needs no page-locking here: report it as pinned, so the store takes
+        the same paths (DRAM slots as staging) as on a GPU."""
+        return True
 
     def upload(self, host: memoryview, dst: Any) -> None:
         out = _host_bytes(dst, "output buffer")
@@ -296,8 +319,9 @@ class TorchCudaPool(DevicePool):
             raise InvalidValueError(f"{what}: tensor is not contiguous")
         return t.reshape(-1).view(torch.uint8)
 
-    def pin(self, host: memoryview) -> None:
-        """Page-lock ``host`` (e.g. the DRAM arena) once, so copies to it run asynchronously."""
+    def pin(self, host: memoryview) -> bool:
+        """Page-lock ``host`` (e.g. the DRAM arena) once, so copies to and from it run
+        asynchronously; return whether it is page-locked now."""
         import ctypes
 
         from gdskv.gds.aligned import address_of
@@ -305,8 +329,10 @@ class TorchCudaPool(DevicePool):
         cudart = self._torch.cuda.cudart()
         ptr, size = address_of(host), host.nbytes
         err = cudart.cudaHostRegister(ctypes.c_void_p(ptr).value, size, 0)
-        if int(err) == 0:
-            self._registered.append(ptr)
+        if int(err) != 0:
+            return False
+        self._registered.append(ptr)
+        return True
 
     def size_of(self, buf: Any) -> int:
         torch = self._torch
@@ -376,6 +402,20 @@ class TorchCudaPool(DevicePool):
         src = self._torch.frombuffer(host, dtype=self._torch.uint8) if not host.readonly else self._torch.tensor(
             np.frombuffer(host, dtype=np.uint8))
         out[: host.nbytes].copy_(src, non_blocking=False)
+
+    def upload_async(self, host: memoryview, dst: Any) -> Completion:
+        """An asynchronous host-to-device copy on the current stream: real DMA when
+        ``host`` is page-locked (the DRAM arena is, once the store has pinned it)."""
+        torch = self._torch
+        out = self._as_bytes(dst, "output buffer")
+        if not out.is_cuda or host.readonly:
+            self.upload(host, dst)
+            return DONE
+        src = torch.frombuffer(host, dtype=torch.uint8)
+        out[: host.nbytes].copy_(src, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return _EventCompletion(event, (src, out))
 
     def download(self, src: Any) -> memoryview:
         return memoryview(self._as_bytes(src, "value").cpu().numpy())
