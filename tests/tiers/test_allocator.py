@@ -47,22 +47,31 @@ def test_first_fit_reuses_holes():
     assert alloc.allocate(64) is None
 
 
-def test_random_workload_matches_a_model():
-    rng = random.Random(7)
-    alloc = OffsetAllocator(1 << 16, alignment=64)
+@pytest.mark.parametrize("aligned", [False, True], ids=["plain", "page-aligned-large"])
+def test_random_workload_matches_a_model_and_fits_agrees(aligned):
+    """Random allocations and frees against a model of what is live: no overlap, exact
+    accounting, ``fits`` agreeing with ``allocate``, one free extent at the end. With
+    ``aligned``, values of 8 KiB or more are page-aligned (as the DRAM tier places them)."""
+    rng = random.Random(11 if aligned else 7)
+    alloc = OffsetAllocator(1 << 18 if aligned else 1 << 16, alignment=64)
     live = {}
-    for _ in range(5000):
+    for _ in range(4000 if aligned else 5000):
         if live and rng.random() < 0.45:
             off = rng.choice(list(live))
             alloc.free(off)
             del live[off]
-        else:
-            size = rng.randint(1, 3000)
-            off = alloc.allocate(size)
-            if off is None:
+            continue
+        size = rng.randint(1, 20000 if aligned else 3000)
+        align = 4096 if aligned and size >= 8192 else None
+        fits = alloc.fits(size, align=align)
+        off = alloc.allocate(size, align=align)
+        assert fits == (off is not None)
+        if off is None:
+            if align is None:
                 assert alloc.largest_free < alloc.rounded(size)
-                continue
-            add_checked(alloc, live, off, size)
+            continue
+        assert off % (align or 64) == 0
+        add_checked(alloc, live, off, size)
         assert alloc.used == sum(live.values())
     free_all(alloc, live)
 
@@ -103,29 +112,6 @@ def test_aligned_allocations_leave_the_skipped_head_free():
     assert alloc.allocate(64) == 128  # in the head skipped by the aligned allocation
     alloc.free(big)
     assert alloc.allocate(4096, align=4096) == 4096
-
-
-def test_aligned_random_workload_matches_a_model_and_fits_agrees():
-    rng = random.Random(11)
-    alloc = OffsetAllocator(1 << 18, alignment=64)
-    live = {}
-    for _ in range(4000):
-        if live and rng.random() < 0.45:
-            off = rng.choice(list(live))
-            alloc.free(off)
-            del live[off]
-            continue
-        size = rng.randint(1, 20000)
-        align = 4096 if size >= 8192 else None
-        fits = alloc.fits(size, align=align)
-        off = alloc.allocate(size, align=align)
-        assert fits == (off is not None)
-        if off is None:
-            continue
-        assert off % (align or 64) == 0
-        add_checked(alloc, live, off, size)
-        assert alloc.used == sum(live.values())
-    free_all(alloc, live)
 
 
 def test_bad_alignment_is_refused():
