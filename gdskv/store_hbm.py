@@ -13,8 +13,9 @@ With ``hbm_bytes > 0`` (``gdskv.open(path, hbm="8GiB")``) the store owns one dev
 - ``get_into`` / ``batch_get_into`` look in HBM first: a hit is copied device-to-device into
   a device ``out`` (one batched copy for a batch), or device-to-host into a host ``out``. A
   device ``out`` missing in HBM is filled from DRAM (host-to-device copy) or NVMe (read and
-  verified in host memory, then copied to the device); with ``hbm_promote`` the bytes are
-  then also kept in HBM if it has free room (nothing is evicted for a promotion).
+  verified in a slot of the page-locked DRAM arena, :class:`DeviceStaging`, then copied to
+  the device while the rest of the batch is read); with ``hbm_promote`` the bytes are then
+  also kept in HBM if it has free room (nothing is evicted for a promotion).
 - When a device put needs room, the coldest HBM objects are evicted into DRAM: the
   device-to-host copy runs on a side stream into a DRAM slot (the DRAM arena is page-locked
   once at open), the object stays readable in HBM until it completes, and the DRAM copy is
