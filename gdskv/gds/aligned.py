@@ -185,3 +185,16 @@ def open_file(path: "str | os.PathLike[str]", flags: int, mode: int = 0o644, *, 
             if exc.errno != errno.EINVAL:
                 raise
     return os.open(path, flags, mode), False
+
+
+def advance(buffers: List[memoryview], n: int) -> List[memoryview]:
+    """Drop the first ``n`` bytes from a list of buffers."""
+    while n and buffers:
+        first = buffers[0]
+        if n >= first.nbytes:
+            n -= first.nbytes
+            buffers = buffers[1:]
+        else:
+            buffers = [first[n:]] + buffers[1:]
+            n = 0
+    return buffers

@@ -26,7 +26,7 @@ import threading
 from typing import Callable, List, Optional, Sequence
 
 from gdskv.errors import IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, alloc_aligned, is_aligned, is_direct_fd
+from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 
@@ -161,7 +161,7 @@ def execute(request: IoRequest) -> int:
                 path=request.path, offset=request.offset, expected=total, got=done,
             )
         done += n
-        buffers = _advance(buffers, n)
+        buffers = advance(buffers, n)
     if request.op is IoOp.WRITE:
         start_writeback(request.fd, request.offset, done)
     return done
@@ -188,14 +188,3 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     return _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WRITE) == 0
 
 
-def _advance(buffers: List[memoryview], n: int) -> List[memoryview]:
-    """Drop the first ``n`` bytes from a list of buffers."""
-    while n and buffers:
-        first = buffers[0]
-        if n >= first.nbytes:
-            n -= first.nbytes
-            buffers = buffers[1:]
-        else:
-            buffers = [first[n:]] + buffers[1:]
-            n = 0
-    return buffers

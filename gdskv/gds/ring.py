@@ -42,7 +42,7 @@ import time
 from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 from gdskv.errors import IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, alloc_aligned, is_aligned, is_direct_fd, slices
+from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import IoFuture, IoOp, IoRequest
 from gdskv.gds.iovec import Template
@@ -559,7 +559,7 @@ class Ring:
                 )
                 return
             if op.buffers is not None:
-                op.buffers = _advance(op.buffers, res)
+                op.buffers = advance(op.buffers, res)
             self._backlog.appendleft(op)  # resume where it stopped
             return
         if op.buffers is None and request.op is IoOp.READ:
@@ -666,13 +666,3 @@ def _io_error(request: IoRequest, offset: int, exc: OSError) -> IoError:
     )
 
 
-def _advance(buffers: List[memoryview], n: int) -> List[memoryview]:
-    while n and buffers:
-        first = buffers[0]
-        if n >= first.nbytes:
-            n -= first.nbytes
-            buffers = buffers[1:]
-        else:
-            buffers = [first[n:]] + buffers[1:]
-            n = 0
-    return buffers
