@@ -161,7 +161,7 @@ def store_hits(values, block):
                 o.fill_(0x5A)
             fn()
             ok = ok and all(torch.equal(o, v) for o, v in zip(outs, values))
-        print("raw device copy (cudaMemcpyAsync):", store._hbm.pool._memcpy is not None, flush=True)
+        print("single hits copy with:", store.stats()["hbm"]["hit_copy"], flush=True)
         total = n * block
         each = total / best_of(plain_each, 20) / GB
         one = total / best_of(plain_one, 20) / GB

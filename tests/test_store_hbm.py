@@ -44,6 +44,7 @@ def test_device_put_lands_in_hbm_and_reads_back_into_device_and_host(hbm_store):
     store.put("a", dev(1, 8 * KiB))
     stats = store.stats()
     assert stats["hbm"]["objects"] == 1 and stats["dram"]["objects"] == 0
+    assert stats["hbm"]["pool"] == "host-standin" and stats["hbm"]["hit_copy"] == "copy"
     assert read_dev(store, "a", 8 * KiB) == block(1, 8 * KiB)
     host = bytearray(8 * KiB)
     assert store.get_into("a", host) == 8 * KiB and bytes(host) == block(1, 8 * KiB)
@@ -312,6 +313,7 @@ def test_cuda_store_put_get_evict_and_reopen(tmp_path):
         assert all(torch.equal(o, v) for o, v in zip(outs, values))
         stats = store.stats()
         assert stats["hbm"]["pool"] == "cuda" and stats["hbm"]["evicted_to_dram"] >= 4
+        assert stats["hbm"]["hit_copy"] in ("cudaMemcpyAsync", "Tensor.copy_")
         host = bytearray(2 * MiB)
         assert store.get_into("k0", host) == 2 * MiB and bytes(host) == bytes(values[0].cpu().numpy())
         one = torch.full((2 * MiB + 512,), 7, dtype=torch.uint8, device="cuda")

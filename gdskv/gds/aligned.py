@@ -24,7 +24,7 @@ import errno
 import fcntl
 import mmap
 import os
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -198,3 +198,13 @@ def advance(buffers: List[memoryview], n: int) -> List[memoryview]:
             buffers = [first[n:]] + buffers[1:]
             n = 0
     return buffers
+
+
+def cuda_host_register(torch: Any, host: memoryview) -> Optional[int]:
+    """Page-lock ``host`` for CUDA (``cudaHostRegister`` through ``torch``'s runtime) so
+    copies between it and a device are real asynchronous DMA. Returns its address, to pass
+    to ``cudaHostUnregister`` later, or None when the runtime refused."""
+    ptr = address_of(host)
+    if int(torch.cuda.cudart().cudaHostRegister(ptr, host.nbytes, 0)) != 0:
+        return None
+    return ptr

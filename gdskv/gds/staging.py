@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from gdskv.errors import ConfigError, IoError
-from gdskv.gds.aligned import DIRECT_ALIGN, AlignedBuffer, alloc_aligned
+from gdskv.gds.aligned import DIRECT_ALIGN, AlignedBuffer, alloc_aligned, cuda_host_register
 from gdskv.gds.engine import IoEngine, IoFuture, IoRequest
 
 #: Default size of one staging slot.
@@ -71,13 +71,10 @@ class TorchCopier(DeviceCopier):
         self._pinned: List[int] = []
 
     def pin(self, host: memoryview) -> None:
-        torch = self._torch
-        if not torch.cuda.is_available():
+        if not self._torch.cuda.is_available():
             return
-        from gdskv.gds.aligned import address_of
-
-        ptr = address_of(host)
-        if int(torch.cuda.cudart().cudaHostRegister(ptr, host.nbytes, 0)) == 0:
+        ptr = cuda_host_register(self._torch, host)
+        if ptr is not None:
             self._pinned.append(ptr)
 
     def start(self, src: memoryview, dst: Any, dst_offset: int) -> CopyDone:

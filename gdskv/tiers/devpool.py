@@ -79,6 +79,8 @@ class DevicePool:
 
     kind = "base"
     nbytes = 0
+    #: How a single hit reaches a device buffer.
+    hit_copy = "copy"
 
     def size_of(self, buf: Any) -> int:  # pragma: no cover - interface
         """Bytes in ``buf`` (InvalidValueError when this pool cannot take it)."""
@@ -304,6 +306,8 @@ class TorchCudaPool(DevicePool):
         self._views: dict = {}
         self._base = self.memory.data_ptr()
         self._memcpy = _raw_device_copy(torch, self.device)
+        #: How a single hit reaches a device buffer (``stats()["hbm"]["hit_copy"]``).
+        self.hit_copy = "cudaMemcpyAsync" if self._memcpy is not None else "Tensor.copy_"
 
     def _as_bytes(self, buf: Any, what: str) -> Any:
         torch = self._torch
@@ -322,14 +326,10 @@ class TorchCudaPool(DevicePool):
     def pin(self, host: memoryview) -> bool:
         """Page-lock ``host`` (e.g. the DRAM arena) once, so copies to and from it run
         asynchronously; return whether it is page-locked now."""
-        import ctypes
+        from gdskv.gds.aligned import cuda_host_register
 
-        from gdskv.gds.aligned import address_of
-
-        cudart = self._torch.cuda.cudart()
-        ptr, size = address_of(host), host.nbytes
-        err = cudart.cudaHostRegister(ctypes.c_void_p(ptr).value, size, 0)
-        if int(err) != 0:
+        ptr = cuda_host_register(self._torch, host)
+        if ptr is None:
             return False
         self._registered.append(ptr)
         return True
@@ -370,10 +370,8 @@ class TorchCudaPool(DevicePool):
             return False
         if self._memcpy is not None and out.is_cuda:
             self._memcpy(out.data_ptr(), self._base + offset, size)
-            return True
-        if room != size:
-            out = out[:size]
-        out.copy_(self._region(offset, size), non_blocking=out.is_cuda)
+        else:
+            self.read_into(offset, size, out)
         return True
 
     def read_many(self, items: "list[tuple[int, int, Any]]") -> None:
@@ -389,7 +387,7 @@ class TorchCudaPool(DevicePool):
             except (AttributeError, RuntimeError, TypeError):  # an older torch: copy one by one
                 self._batched_copy = False
         for out, (offset, size, _) in zip(outs, items):
-            out[:size].copy_(self._region(offset, size), non_blocking=out.is_cuda)
+            self.read_into(offset, size, out)
 
     def is_device(self, buf: Any) -> bool:
         torch = self._torch
@@ -398,20 +396,18 @@ class TorchCudaPool(DevicePool):
         return hasattr(buf, "__cuda_array_interface__")
 
     def upload(self, host: memoryview, dst: Any) -> None:
-        out = self._as_bytes(dst, "output buffer")
-        src = self._torch.frombuffer(host, dtype=self._torch.uint8) if not host.readonly else self._torch.tensor(
-            np.frombuffer(host, dtype=np.uint8))
-        out[: host.nbytes].copy_(src, non_blocking=False)
+        self.upload_async(host, dst).wait()
 
     def upload_async(self, host: memoryview, dst: Any) -> Completion:
         """An asynchronous host-to-device copy on the current stream: real DMA when
         ``host`` is page-locked (the DRAM arena is, once the store has pinned it)."""
         torch = self._torch
         out = self._as_bytes(dst, "output buffer")
-        if not out.is_cuda or host.readonly:
-            self.upload(host, dst)
+        src = torch.frombuffer(host, dtype=torch.uint8) if not host.readonly else torch.from_numpy(
+            np.frombuffer(host, dtype=np.uint8).copy())  # torch refuses to view read-only memory
+        if not out.is_cuda:
+            out[: host.nbytes].copy_(src)
             return DONE
-        src = torch.frombuffer(host, dtype=torch.uint8)
         out[: host.nbytes].copy_(src, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))

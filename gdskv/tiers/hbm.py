@@ -304,6 +304,7 @@ class HbmTier:
         with self._lock:
             return {
                 "pool": self.pool.kind,
+                "hit_copy": self.pool.hit_copy,
                 "capacity": self.capacity,
                 "used": self.allocator.used,
                 "objects": len(self.entries),
