@@ -16,8 +16,10 @@ then abandoned (``sink.complete(..., ok=False)``), never published, so a stale v
 reaches DRAM. A sink that cannot take a victim (DRAM full) makes the tier try the next one;
 when nothing can be evicted in ``put_timeout_s``, the put raises :class:`NoSpaceError`.
 
-Thread-safe: metadata changes under one lock; device copies run outside it on pinned
-entries (``readers``), as in the DRAM tier. An owning store passes its own (re-entrant)
+Thread-safe: metadata changes under one lock. A put copies in outside it, and an eviction
+copies out, from entries they pin (``readers``), as in the DRAM tier; hits issue their copy
+under the lock (on a GPU that only enqueues it, ordered on the stream before any later
+write of those bytes). An owning store passes its own (re-entrant)
 lock, so the tier, the DRAM tier and the sink share one lock and no lock order can invert.
 """
 
@@ -355,7 +357,8 @@ class HbmTier:
             if left <= 0:
                 raise NoSpaceError("no room in the HBM tier", key=key, size=size, used=self.used, capacity=self.capacity)
             if waiting is None or waiting.copy is None:
-                # Nothing in flight: room can only come from readers letting go.
+                # No eviction in flight: room can only come from pins letting go (a put
+                # still copying in, another put's reservation being undone).
                 time.sleep(min(0.001, left))
             else:
                 waiting.copy.wait(left)
