@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import platform
 import random
@@ -52,7 +51,7 @@ from gdskv.gds import make_engine
 from gdskv.gds.probe import fs_type
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.record import checksum
-from gdskv.tiers.dram import value_alignment
+from gdskv.tiers.dram import alloc_arena, value_alignment
 
 MiB = 1 << 20
 TARGET_LARGE = 0.9
@@ -110,7 +109,8 @@ def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, 
 class Arena:
     """``count`` values of ``size`` bytes in one allocation.
 
-    ``placement="dram"``: where the DRAM tier puts them (:func:`gdskv.tiers.dram.value_alignment`:
+    The memory comes from the DRAM tier's allocation (:func:`gdskv.tiers.dram.alloc_arena`,
+    huge pages where the kernel allows). ``placement="dram"``: where the DRAM tier puts them (:func:`gdskv.tiers.dram.value_alignment`:
     64-byte aligned, page-aligned from 64 KiB), after a 64-byte value, so that nothing is
     page-aligned by accident. ``"64"``: every value 64 bytes past a page boundary, so every
     O_DIRECT write of it goes through the engines' staging.
@@ -124,7 +124,7 @@ class Arena:
         else:
             self.first = 64
             self.stride = -(-(size + 64) // 4096) * 4096
-        self.map = mmap.mmap(-1, self.first + self.stride * count + 4096)
+        self.map, self.huge_pages = alloc_arena(self.first + self.stride * count + 4096)
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
         self.size = size
         rng = np.random.default_rng(seed)
@@ -136,11 +136,13 @@ class Arena:
 
 
 def out_buffers(count: int, size: int, align: str) -> List[memoryview]:
-    """Destination buffers, page-aligned or 64 bytes past a page boundary."""
+    """Destination buffers, page-aligned or 64 bytes past a page boundary, in one numpy
+    array (the memory a caller's arrays live in)."""
     pad = 0 if align == "page" else 64
     stride = -(-(size + pad) // 4096) * 4096
-    area = mmap.mmap(-1, stride * count)
-    return [memoryview(area)[i * stride + pad : i * stride + pad + size] for i in range(count)]
+    area = np.empty(stride * count + 4096, dtype=np.uint8)
+    first = -area.ctypes.data % 4096
+    return [memoryview(area[first + i * stride + pad : first + i * stride + pad + size]) for i in range(count)]
 
 
 def drop_cache(directory: Path) -> None:
@@ -239,6 +241,15 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {format_size(mem)} RAM, Linux {platform.release()}"
 
 
+def thp_setting() -> str:
+    """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``)."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        return text[text.index("[") + 1 : text.index("]")]
+    except (OSError, ValueError):
+        return "unknown"
+
+
 def device_of(directory: Path) -> str:
     dev = os.stat(directory).st_dev
     name = f"{os.major(dev)}:{os.minor(dev)}"
@@ -295,7 +306,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     fio_version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip() if fio else None
     print(f"# fio: {fio_version or 'not available: absolute numbers only, no ratios'}")
     print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}; "
-          f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}")
+          f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}, "
+          f"in memory allocated as the DRAM tier's arena (transparent huge pages: {thp_setting()})")
     print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
           f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
 

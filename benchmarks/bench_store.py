@@ -49,7 +49,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import platform
 import shutil
@@ -65,6 +64,7 @@ import numpy as np
 import gdskv
 from gdskv import format_size, parse_size
 from gdskv.gds.psync import start_writeback
+from gdskv.tiers.dram import alloc_arena
 
 #: Distinct source blocks; block ``i`` is pool block ``i % POOL`` with ``i`` stamped in front.
 POOL = 32
@@ -248,9 +248,9 @@ def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path, chunks: 
     n, size = blocks.count, blocks.size
     keys = [blocks.key(i) for i in range(n)]
     out = np.empty(size, dtype=np.uint8)
-    # Plain anonymous memory like the store's arena (numpy's own allocator may ask for huge
-    # pages, which fault in at another speed); not touched yet: the first pass faults it in.
-    mapping = mmap.mmap(-1, n * size)
+    # Memory allocated as the store's arena is (huge pages where the kernel allows, which
+    # fault in at another speed than small ones); not touched yet: the first pass faults it in.
+    mapping, _ = alloc_arena(n * size)
     resident = np.frombuffer(mapping, dtype=np.uint8).reshape(n, size)
     dram = n * (size + 64) + (1 << 20)
     bad: List[int] = []
@@ -291,7 +291,7 @@ def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path, chunks: 
         hits = store.stats()["dram"]["hits"]
         if hits != n * (repeats + 1):
             raise SystemExit(f"expected every DRAM get to hit; stats say {hits} of {n * (repeats + 1)}")
-    del resident
+    resident = None  # release the view before unmapping
     mapping.close()
     shutil.rmtree(root / "dram")
     return bad

@@ -13,6 +13,16 @@ Callers never manage alignment. An engine looks at each request:
   staging memory it allocated once (:func:`alloc_aligned`); :mod:`gdskv.gds.bounce` plans
   that transfer.
 
+Large buffers (the DRAM tier's arena, the engines' staging) are mapped by
+:func:`map_anonymous`: private anonymous memory (Python's ``mmap.mmap(-1, n)`` maps
+*shared* memory, which the kernel keeps in shmem and which O_DIRECT pins more slowly), on
+transparent huge pages where the kernel allows. The kernel pins every page of a user
+buffer for an O_DIRECT transfer and hands the device one scatter-gather segment per
+physically contiguous run, so a 2 MiB write from 4 KiB pages is 512 segments and from a
+huge page one. On the 2-core virtio VM of ``benchmarks/README.md``, 2 MiB O_DIRECT writes
+through ``uring`` (median of 4, interleaved with fio) ran at 0.80x fio's speed from shared
+memory, 1.00x from private memory and 1.11x from private memory on huge pages.
+
 Helpers to open files: :func:`open_file` adds ``O_DIRECT`` when asked and falls back to
 buffered I/O on a filesystem that refuses it (ramfs, some FUSE and network filesystems).
 """
@@ -30,6 +40,8 @@ import numpy as np
 
 #: Alignment of offsets, lengths and addresses for O_DIRECT transfers.
 DIRECT_ALIGN = 4096
+#: Size of a transparent huge page (x86-64, and arm64 with 4 KiB pages).
+HUGE_PAGE = 2 << 20
 #: Most iovecs one vectored call accepts (Linux IOV_MAX).
 IOV_MAX = 1024
 O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -43,8 +55,30 @@ def align_up(n: int, alignment: int = DIRECT_ALIGN) -> int:
     return -(-n // alignment) * alignment
 
 
+def map_anonymous(nbytes: int, *, huge: bool = True) -> Tuple[mmap.mmap, bool]:
+    """Private, page-aligned anonymous memory of ``nbytes`` (> 0), zero-filled lazily by the
+    kernel (a forked child gets a copy-on-write copy, not shared memory).
+
+    With ``huge`` and at least :data:`HUGE_PAGE` bytes, the mapping is advised
+    ``MADV_HUGEPAGE`` (see the module docstring): the kernel then backs its 2 MiB-aligned
+    stretches with huge pages where it can. That is advice, not a reservation: with
+    transparent huge pages set to ``never``, or no huge page free, the memory is ordinary.
+    Returns ``(mapping, advised)``: whether the kernel took the advice.
+    """
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advised = False
+    if huge and nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+            advised = True
+        except OSError:  # a kernel built without transparent huge pages
+            advised = False
+    return mapping, advised
+
+
 class AlignedBuffer:
-    """Page-aligned anonymous memory, allocated once, zero-filled lazily by the kernel.
+    """Page-aligned anonymous memory, allocated once, zero-filled lazily by the kernel
+    (:func:`map_anonymous`: on huge pages where it is large enough).
 
     ``view`` is a writable byte memoryview of the whole buffer. ``close()`` unmaps it once
     no view is alive (a live view keeps the mapping until it is released).
@@ -54,7 +88,8 @@ class AlignedBuffer:
         if nbytes <= 0:
             raise ValueError("aligned buffer size must be positive")
         self.nbytes = align_up(nbytes, mmap.PAGESIZE)
-        self._map: Optional[mmap.mmap] = mmap.mmap(-1, self.nbytes)
+        self._map: Optional[mmap.mmap]
+        self._map, self.huge_pages = map_anonymous(self.nbytes)
         self.view = memoryview(self._map)
 
     def close(self) -> None:
