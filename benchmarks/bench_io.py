@@ -30,6 +30,7 @@ what is measured there.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -77,16 +78,19 @@ def ensure_fio(install: bool) -> Optional[str]:
     return shutil.which("fio")
 
 
-def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None) -> float:
+def fio_run(
+    fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None, mem: str = "malloc"
+) -> float:
     """One fio job over a file of ``size`` bytes; returns bytes/s, or IOPS for 4 KiB blocks.
-    ``ios``: that many I/Os (the same count gdskv does), looping over the file as needed."""
+    ``ios``: that many I/Os (the same count gdskv does), looping over the file as needed.
+    ``mem``: fio's ``--mem`` (where its I/O buffers live: see :class:`FioMemory`)."""
     target = directory / "fio.dat"
     if rw == "write" and target.exists():
         target.unlink()  # a fresh file for every write run, as the backends write fresh files
     cmd = [
         fio, "--name=gdskv", f"--filename={target}", f"--size={size}", f"--bs={bs}", f"--rw={rw}",
         f"--iodepth={qd}", "--ioengine=io_uring", f"--direct={int(direct)}", "--output-format=json",
-        "--randrepeat=0", "--group_reporting",
+        "--randrepeat=0", "--group_reporting", f"--mem={mem}",
     ]
     if rw == "write":
         cmd.append("--end_fsync=1")
@@ -101,6 +105,68 @@ def fio_run(fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, 
     job = json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]
     side = job["write" if rw == "write" else "read"]
     return float(side["iops"]) if bs == 4096 else float(side["bw_bytes"])
+
+
+def meminfo(field: str) -> int:
+    """A /proc/meminfo figure (a count, or bytes for a kB figure); 0 when absent."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            if name == field:
+                parts = rest.split()
+                return int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class FioMemory:
+    """Where fio's I/O buffers live, so that fio is measured on the same kind of memory as
+    gdskv (the DRAM arena is on transparent huge pages).
+
+    On a virtual disk an O_DIRECT request costs per scatter-gather segment, and a buffer on
+    4 KiB pages is one segment per page: fio's default buffers (``--mem=malloc``) make fio
+    slower than the device, and gdskv's ratios would flatter it. fio can only put its
+    buffers on hugetlb pages (``--mem=shmhuge``), which must be reserved
+    (``vm.nr_hugepages``). ``mode``:
+
+    - ``auto``: huge pages when enough are free, else fio's default, said in the header;
+    - ``huge``: huge pages; as root, reserves what is missing for the run and gives it back
+      at the end (:meth:`restore`); otherwise an error;
+    - ``malloc``: fio's default.
+    """
+
+    def __init__(self, mode: str, need_bytes: int) -> None:
+        self.mode = mode
+        self.page = meminfo("Hugepagesize") or (2 << 20)
+        self.need = -(-need_bytes // self.page) + 1
+        self._reserved_from: Optional[int] = None
+        free = meminfo("HugePages_Free")
+        if mode == "huge" and free < self.need:
+            if os.geteuid() != 0:
+                raise SystemExit(f"--fio-mem huge: {self.need} huge pages needed, {free} free; reserve them (sysctl vm.nr_hugepages) or run as root")
+            total = meminfo("HugePages_Total")
+            Path("/proc/sys/vm/nr_hugepages").write_text(str(total + self.need - free))
+            self._reserved_from = total
+            free = meminfo("HugePages_Free")
+            if free < self.need:
+                self.restore()
+                raise SystemExit(f"--fio-mem huge: the kernel found only {free} of {self.need} huge pages")
+        self.huge = mode != "malloc" and free >= self.need
+        self.option = "shmhuge" if self.huge else "malloc"
+
+    def describe(self) -> str:
+        if self.huge:
+            return f"on huge pages (--mem=shmhuge, {self.need} of {self.page >> 20} MiB), like gdskv's arena"
+        why = "as asked" if self.mode == "malloc" else f"{self.need} free huge pages needed for --mem=shmhuge"
+        return (f"on 4 KiB pages (--mem=malloc; {why}): gdskv's arena is on huge pages, so its ratios flatter it; "
+                f"--fio-mem huge reserves huge pages for fio")
+
+    def restore(self) -> None:
+        """Give back the huge pages reserved for this run, if any."""
+        if self._reserved_from is not None:
+            Path("/proc/sys/vm/nr_hugepages").write_text(str(self._reserved_from))
+            self._reserved_from = None
 
 
 # --------------------------------------------------------------------------- gdskv side
@@ -289,6 +355,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is printed (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
+    p.add_argument("--fio-mem", choices=("auto", "huge", "malloc"), default="auto",
+                   help="fio's buffers: on huge pages like gdskv's arena when enough are free (auto), always (huge: "
+                        "as root, reserves them for the run), or fio's default malloc (default auto)")
     args = p.parse_args(argv)
 
     total = parse_size(args.size, field="--size")
@@ -305,6 +374,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"# filesystem: {fs_type(base)} on {device_of(base)} at {base}")
     fio_version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip() if fio else None
     print(f"# fio: {fio_version or 'not available: absolute numbers only, no ratios'}")
+    fio_mem = FioMemory(args.fio_mem if fio else "malloc", args.qd * max(sizes))
+    atexit.register(fio_mem.restore)  # also when the run fails before its own clean-up
+    if fio:
+        print(f"# fio buffers: {fio_mem.describe()}")
     print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}; "
           f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}, "
           f"in memory allocated as the DRAM tier's arena (transparent huge pages: {thp_setting()})")
@@ -335,8 +408,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             for r in range(args.repeat):
                 for engine_name, backend_name in rotated(runs, r):
                     if engine_name == "fio":
-                        add(("fio", "write", size), fio_run(fio, fio_dir, rw="write", bs=size, qd=args.qd, size=n * size, direct=True))
-                        add(("fio", "read", size), fio_run(fio, fio_dir, rw="randread", bs=size, qd=args.qd, size=n * size, direct=True))
+                        add(("fio", "write", size), fio_run(fio, fio_dir, rw="write", bs=size, qd=args.qd, size=n * size, direct=True, mem=fio_mem.option))
+                        add(("fio", "read", size), fio_run(fio, fio_dir, rw="randread", bs=size, qd=args.qd, size=n * size, direct=True, mem=fio_mem.option))
                     else:
                         engine = engines[engine_name]
                         work = base / f"{engine_name}-{backend_name}"
@@ -365,11 +438,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not engine.direct:
                     drop_cache(work)
         if fio:
-            fio_run(fio, fio_dir, rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size, direct=True)
+            fio_run(fio, fio_dir, rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size, direct=True, mem=fio_mem.option)
         for r in range(args.repeat):
             for engine_name, backend_name in rotated(runs, r):
                 if engine_name == "fio":
-                    add(("fio", "rand", 4096), fio_run(fio, fio_dir, rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, direct=True, ios=args.rand_ops))
+                    add(("fio", "rand", 4096), fio_run(fio, fio_dir, rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, direct=True, ios=args.rand_ops, mem=fio_mem.option))
                 else:
                     backend = small[(engine_name, backend_name)]
                     add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
@@ -379,6 +452,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for engine in engines.values():
             engine.close()
         shutil.rmtree(fio_dir, ignore_errors=True)
+        fio_mem.restore()
 
     rows = []
     for engine_name in engines:

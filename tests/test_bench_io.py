@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,21 @@ def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
     assert {r[1] for r in rows} == {"bucket", "offset", "file_per_key"}
     per_combo = 3  # write and read of 256 KiB objects, 4 KiB random reads
     assert len(rows) == per_combo * 3 * len(engines)
-    if "fio-" in out:  # with fio, every row carries a ratio
+    if "fio-" in out:  # with fio, the header says where its buffers live and every row carries a ratio
+        assert "# fio buffers: on huge pages" in out or "# fio buffers: on 4 KiB pages" in out
         assert all(r[-1].endswith("x") or r[-2].endswith("x") or "met" in r or "MISSED" in r for r in rows)
+
+
+def test_fio_on_its_default_buffers_is_said_to_flatter_gdskv(tmp_path):
+    if not shutil.which("fio"):
+        pytest.skip("fio is not installed")
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
+    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", "uring", "--backends", "bucket",
+           "--fio-mem", "malloc", *TINY]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "# fio buffers: on 4 KiB pages (--mem=malloc; as asked)" in done.stdout
+    assert all(r[-1] in ("met", "MISSED") or r[-1].endswith("x") for r in table_rows(done.stdout))
 
 
 def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):

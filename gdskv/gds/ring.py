@@ -57,6 +57,12 @@ _POLL_MS = 50
 #: are handed to the kernel while more are prepared: the device never waits on a long copy,
 #: and small requests still go in one system call per batch.
 _REFILL_BYTES = 1 << 20
+#: Direct transfers larger than this go to the kernel as several entries of this size. As
+#: large as a device request commonly is (``max_sectors_kb``), so that a value on huge
+#: pages is one request, and small enough that a batch of large values ends evenly instead
+#: of waiting on its last, largest entry (2 MiB O_DIRECT writes from huge pages ran ~7%
+#: faster split at 4 MiB than at 1 MiB on the test VM; reads were the same).
+SPLIT_BYTES = 4 << 20
 #: Largest aligned span (bytes) of a read handled as a :class:`_Small` read.
 SMALL_READ = 16 << 10
 
@@ -177,7 +183,7 @@ class _Small:
 class Ring:
     """An io_uring of ``depth`` entries with ``slots`` staging chunks. See the module docstring."""
 
-    def __init__(self, lib: Any, *, depth: int, slots: int, chunk_bytes: int, fixed: bool, split_bytes: int = 1 << 20) -> None:
+    def __init__(self, lib: Any, *, depth: int, slots: int, chunk_bytes: int, fixed: bool, split_bytes: int = SPLIT_BYTES) -> None:
         self._L = lib
         self.depth = depth
         self.chunk_bytes = chunk_bytes

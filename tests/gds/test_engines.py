@@ -92,6 +92,24 @@ def test_aligned_buffers_are_moved_in_place(engine, datafile):
     dst.close()
 
 
+def test_transfers_larger_than_one_kernel_entry_round_trip(engine, datafile):
+    """Aligned transfers above the uring split size (4 MiB) go as several entries, over
+    several buffers, with both ends of the split inside one buffer."""
+    fd, path = datafile
+    size = (9 << 20) + 8192
+    src = alloc_aligned(size)
+    dst = alloc_aligned(size)
+    src.view[:] = block(4, size)
+    cut = (3 << 20) + 4096  # a buffer boundary that is not a split boundary
+    parts = [src.view[:cut], src.view[cut:]]
+    assert engine.run([IoRequest.write(fd, 4096, *parts, path=path)]) == [size]
+    outs = [dst.view[: 5 << 20], dst.view[5 << 20 :]]
+    assert engine.run([IoRequest.read(fd, 4096, *outs, path=path)]) == [size]
+    assert dst.view == src.view
+    src.close()
+    dst.close()
+
+
 def test_a_write_stages_only_what_is_not_aligned(engine, datafile):
     """A record-shaped write (unaligned header block, page-aligned value, a partial last
     block) sends the value's whole blocks straight from memory and stages only the rest."""
