@@ -44,11 +44,11 @@ from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, Stor
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
+    HeadBlocks,
     IndexEntry,
     checksum,
     decode_head,
     decode_index,
-    encode_head,
     encode_index,
     head_size,
     record_buffers,
@@ -256,22 +256,23 @@ class BucketBackend(StorageBackend):
             fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
-                requests = []
-                for i, (key, value, crc, offset) in enumerate(layout):
-                    seq = first_seq + i
-                    head = encode_head(key, value.nbytes, seq, crc)
-                    requests.append(IoRequest.write(fd, offset, *record_buffers(head, value), path=str(tmp)))
-                    entries.append(IndexEntry(key, offset + len(head), value.nbytes, seq, crc))
-                # The index goes to its temporary name (and is fsynced) on the sealer thread
-                # while the data is written; it is renamed into place only once the data is
-                # durable.
-                indexed = self._sealer.submit(write_file_synced, index_tmp, encode_index(bucket.id, data_len, entries))
-                try:
-                    self.engine.run(requests)
-                    os.fdatasync(fd)
-                finally:
-                    concurrent.futures.wait([indexed])  # it may not recreate the file after a cleanup
-                indexed.result()
+                with HeadBlocks(len(key) for key, _, _ in items) as heads:
+                    requests = []
+                    for i, (key, value, crc, offset) in enumerate(layout):
+                        seq = first_seq + i
+                        head = heads.encode(key, value.nbytes, seq, crc)
+                        requests.append(IoRequest.write(fd, offset, *record_buffers(head, value), path=str(tmp)))
+                        entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, seq, crc))
+                    # The index goes to its temporary name (and is fsynced) on the sealer thread
+                    # while the data is written; it is renamed into place only once the data is
+                    # durable.
+                    indexed = self._sealer.submit(write_file_synced, index_tmp, encode_index(bucket.id, data_len, entries))
+                    try:
+                        self.engine.run(requests)
+                        os.fdatasync(fd)
+                    finally:
+                        concurrent.futures.wait([indexed])  # it may not recreate the file after a cleanup
+                    indexed.result()
             finally:
                 os.close(fd)
             os.replace(tmp, bucket.data_path)

@@ -36,10 +36,10 @@ from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, Stor
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
+    HeadBlocks,
     IndexEntry,
     checksum,
     decode_head,
-    encode_head,
     head_size,
     record_buffers,
     record_size,
@@ -181,6 +181,7 @@ class FilePerKeyBackend(StorageBackend):
         new_entries: Set[Path] = set()  # directories that gained a shard directory
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
+        heads = HeadBlocks(len(key) for key, _, _ in items)
         try:
             # Files are created and their writes submitted a group at a time, so the device
             # is busy with one group while the next one's files are created.
@@ -194,9 +195,9 @@ class FilePerKeyBackend(StorageBackend):
                 fds.append(fd)
                 written.append((tmp, final))
                 preallocate(fd, sizes[i])
-                head = encode_head(key, value.nbytes, first_seq + i, crc)
+                head = heads.encode(key, value.nbytes, first_seq + i, crc)
                 requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmp)))
-                entries.append(IndexEntry(key, len(head), value.nbytes, first_seq + i, crc))
+                entries.append(IndexEntry(key, head.nbytes, value.nbytes, first_seq + i, crc))
                 group_bytes += sizes[i]
                 if group_bytes >= SUBMIT_BYTES or i == len(items) - 1:
                     submitted.append((self.engine.submit(requests[group_start:]), group_start))
@@ -228,6 +229,7 @@ class FilePerKeyBackend(StorageBackend):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         finally:
+            heads.close()
             for fd in fds:
                 os.close(fd)
         with self._lock:

@@ -52,6 +52,7 @@ from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
     RECORD_HEADER,
+    HeadBlocks,
     IndexEntry,
     checksum,
     decode_head,
@@ -332,10 +333,11 @@ class OffsetBackend(StorageBackend):
             first_seq = self._next_seq
             self._next_seq += len(items)
             entries, requests = [], []
+            heads = HeadBlocks(len(key) for key, _, _ in items)
             for i, ((key, value, crc), offset) in enumerate(zip(items, offsets)):
-                head = encode_head(key, value.nbytes, first_seq + i, crc)
+                head = heads.encode(key, value.nbytes, first_seq + i, crc)
                 requests.append(IoRequest.write(self._fd, offset, *record_buffers(head, value), path=str(self.data_path)))
-                entries.append(IndexEntry(key, offset + len(head), value.nbytes, first_seq + i, crc))
+                entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, first_seq + i, crc))
             try:
                 self.engine.run(requests)
                 os.fdatasync(self._fd)  # type: ignore[arg-type]
@@ -344,6 +346,8 @@ class OffsetBackend(StorageBackend):
                 if isinstance(exc, GdskvError):
                     raise
                 raise IoError(f"offset write failed: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
+            finally:
+                heads.close()
             with self._lock:
                 for entry in entries:
                     older = self._objects.get(entry.key)

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import crc32c as _crc
 
 from gdskv.errors import CorruptionError, FormatVersionError
+from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
 
 FORMAT_VERSION = 1
 ALIGN = 4096
@@ -70,9 +71,11 @@ def record_size(key_len: int, value_len: int) -> int:
     return head_size(key_len) + align_up(value_len)
 
 
-def encode_head(key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0) -> bytearray:
-    """The header block of a record: header, key, zero padding up to the value."""
-    head = bytearray(head_size(len(key)))
+def encode_head(key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0, into: Optional[memoryview] = None):
+    """The header block of a record: header, key, zero padding up to the value. Written
+    into ``into`` (``head_size(len(key))`` zeroed bytes) when given, else a new bytearray;
+    returns the block."""
+    head = bytearray(head_size(len(key))) if into is None else into
     fields = (RECORD_MAGIC, FORMAT_VERSION, flags, seq, len(key), value_len, crc)
     packed = struct.pack("<4sHHQIQI", *fields)
     RECORD_HEADER.pack_into(head, 0, *fields, _crc.crc32c(packed))
@@ -80,7 +83,44 @@ def encode_head(key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 
     return head
 
 
-def record_buffers(head: bytearray, value: memoryview) -> List[memoryview]:
+class HeadBlocks:
+    """The header blocks of one batch of records, in one page-aligned allocation.
+
+    A record whose value sits page-aligned in memory and fills whole 4 KiB blocks (a KV
+    block in the DRAM arena) is then one aligned write, header block and value together:
+    the engine sends it from memory as it is, one device request, instead of staging the
+    header block and writing it as a request of its own. ``encode`` hands out the blocks in
+    order; they must stay alive until the batch's writes are done (``close()`` after, or
+    use as a context manager)."""
+
+    def __init__(self, key_lens: Iterable[int]) -> None:
+        total = sum(head_size(n) for n in key_lens)
+        self._mem: Optional[AlignedBuffer] = alloc_aligned(total) if total else None
+        self._pos = 0
+
+    def encode(self, key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0) -> memoryview:
+        """The next block (sized for ``key``), filled as :func:`encode_head` fills one."""
+        size = head_size(len(key))
+        if self._mem is None or self._pos + size > self._mem.nbytes:
+            raise ValueError("more header blocks than HeadBlocks was sized for")
+        block = self._mem.view[self._pos : self._pos + size]
+        self._pos += size
+        encode_head(key, value_len, seq, crc, flags=flags, into=block)
+        return block
+
+    def close(self) -> None:
+        if self._mem is not None:
+            self._mem.close()  # unmapped once the last block view is gone
+            self._mem = None
+
+    def __enter__(self) -> "HeadBlocks":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def record_buffers(head, value: memoryview) -> List[memoryview]:
     """The iovecs that write one record: head block, value, zero padding."""
     bufs = [memoryview(head), value]
     pad = align_up(value.nbytes) - value.nbytes
