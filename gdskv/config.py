@@ -79,6 +79,11 @@ class StoreConfig:
 
     #: Capacity of the host DRAM tier (one arena allocated once). Default 2 GiB.
     dram_bytes: int = 2 * GiB
+    #: Ask the kernel to back the DRAM arena with transparent huge pages (MADV_HUGEPAGE):
+    #: O_DIRECT transfers from huge pages need far fewer scatter-gather segments
+    #: (docs/ssd-path.md). Turn off where huge-page faults stall (direct compaction on a
+    #: fragmented host) more than offload speed matters. Default True.
+    dram_huge_pages: bool = True
     #: Byte cap of the NVMe tier; 0 disables it (a DRAM-only cache). Default 20 GiB.
     ssd_bytes: int = 20 * GiB
     #: Capacity of the GPU (HBM) tier: one device pool allocated at open; 0 disables it
@@ -148,8 +153,9 @@ class StoreConfig:
         check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES)
         if not isinstance(self.hbm_device, int) or isinstance(self.hbm_device, bool) or self.hbm_device < 0:
             raise ConfigError("must be a CUDA device index >= 0", field="hbm_device", got=self.hbm_device)
-        if not isinstance(self.hbm_promote, bool):
-            raise ConfigError("must be True or False", field="hbm_promote", got=self.hbm_promote)
+        for flag in ("hbm_promote", "dram_huge_pages", "direct_io"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError("must be True or False", field=flag, got=getattr(self, flag))
         check_choice("offload policy", self.offload, OFFLOAD_POLICIES)
         check_choice("backend", self.backend, BACKENDS)
         check_choice("io engine", self.io_engine, IO_ENGINES)
@@ -162,8 +168,6 @@ class StoreConfig:
             )
         _positive("io_threads", self.io_threads)
         _positive("io_depth", self.io_depth)
-        if not isinstance(self.direct_io, bool):
-            raise ConfigError("must be True or False", field="direct_io", got=self.direct_io)
         _positive("bucket_bytes", self.bucket_bytes)
         _positive("bucket_max_keys", self.bucket_max_keys)
         if self.bucket_max_age_s <= 0:
@@ -206,6 +210,7 @@ ENV_FIELDS = {
     "GDSKV_IO_THREADS": "io_threads",
     "GDSKV_IO_DEPTH": "io_depth",
     "GDSKV_DIRECT_IO": "direct_io",
+    "GDSKV_DRAM_HUGE_PAGES": "dram_huge_pages",
 }
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -226,7 +231,7 @@ def env_overrides(environ: Optional[Mapping[str, str]] = None) -> dict[str, Any]
                 out[field] = int(raw)
             except ValueError:
                 raise ConfigError("must be an integer", field=var, got=raw) from None
-        elif field == "direct_io":
+        elif field in ("direct_io", "dram_huge_pages"):
             if raw.strip().lower() not in _BOOLS:
                 raise ConfigError("must be a boolean (1/0, true/false, yes/no, on/off)", field=var, got=raw)
             out[field] = _BOOLS[raw.strip().lower()]

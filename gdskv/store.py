@@ -142,7 +142,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._arena_pinned = False
         self._offloader: Optional[threading.Thread] = None
         try:
-            self._dram = DramTier(config.dram_bytes, make_policy(config.eviction))
+            self._dram = DramTier(config.dram_bytes, make_policy(config.eviction), huge_pages=config.dram_huge_pages)
             self._hbm = self._open_hbm(hbm_pool)
             hbm_pool = None
             self.recovery = None

@@ -47,11 +47,12 @@ def value_alignment(size: int) -> int:
     return PAGE_ALIGNMENT if size >= PAGE_ALIGNED_FROM else DRAM_ALIGNMENT
 
 
-def alloc_arena(nbytes: int) -> "tuple[mmap.mmap, bool]":
-    """The memory of an arena of ``nbytes``: page-aligned, zero-filled lazily, advised onto
-    huge pages (:func:`gdskv.gds.aligned.map_anonymous`). Returns ``(mapping, huge_pages)``.
-    ``benchmarks/bench_io.py`` places its values in memory from here too."""
-    return map_anonymous(nbytes)
+def alloc_arena(nbytes: int, *, huge_pages: bool = True) -> "tuple[mmap.mmap, bool]":
+    """The memory of an arena of ``nbytes``: private, page-aligned, zero-filled lazily and,
+    with ``huge_pages``, advised onto huge pages (:func:`gdskv.gds.aligned.map_anonymous`).
+    Returns ``(mapping, advised)``. ``benchmarks/bench_io.py`` places its values in memory
+    from here too."""
+    return map_anonymous(nbytes, huge=huge_pages)
 
 
 class SsdState(enum.Enum):
@@ -86,10 +87,10 @@ class DramEntry:
 class DramTier:
     """Arena + allocator + entries + eviction order. See the module docstring."""
 
-    def __init__(self, capacity: int, policy: EvictionPolicy) -> None:
+    def __init__(self, capacity: int, policy: EvictionPolicy, *, huge_pages: bool = True) -> None:
         self.allocator = OffsetAllocator(capacity, alignment=DRAM_ALIGNMENT)
         self.capacity = self.allocator.capacity
-        self._mmap, self.huge_pages = alloc_arena(self.capacity)
+        self._mmap, self.huge_pages = alloc_arena(self.capacity, huge_pages=huge_pages)
         self.arena = np.frombuffer(self._mmap, dtype=np.uint8)
         self.policy = policy
         self.entries: Dict[bytes, DramEntry] = {}

@@ -117,3 +117,22 @@ def test_memory_is_usable_either_way() -> None:
         mapping[-4:] = b"v!!!"
         assert mapping[:4] == b"gdsk" and mapping[-4:] == b"v!!!"
         mapping.close()
+
+
+def test_the_store_can_be_told_not_to_ask_for_huge_pages(tmp_path: Path) -> None:
+    with gdskv.open(tmp_path / "s", dram=8 * HUGE_PAGE, ssd=0, dram_huge_pages=False) as store:
+        assert store.stats()["dram"]["huge_pages"] is False
+        store.put(b"k", b"v" * 100)
+        assert store.get(b"k") == b"v" * 100
+
+
+def test_huge_pages_setting_from_the_environment_and_bad_values() -> None:
+    from gdskv.config import StoreConfig, env_overrides
+    from gdskv.errors import ConfigError
+
+    assert env_overrides({"GDSKV_DRAM_HUGE_PAGES": "off"}) == {"dram_huge_pages": False}
+    assert env_overrides({"GDSKV_DRAM_HUGE_PAGES": "1"}) == {"dram_huge_pages": True}
+    with pytest.raises(ConfigError, match="boolean"):
+        env_overrides({"GDSKV_DRAM_HUGE_PAGES": "maybe"})
+    with pytest.raises(ConfigError, match="True or False"):
+        StoreConfig(dram_huge_pages="yes")  # type: ignore[arg-type]
