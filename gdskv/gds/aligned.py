@@ -63,7 +63,7 @@ def map_anonymous(nbytes: int, *, huge: bool = True) -> Tuple[mmap.mmap, bool]:
     ``MADV_HUGEPAGE`` (see the module docstring): the kernel then backs its 2 MiB-aligned
     stretches with huge pages where it can. That is advice, not a reservation: with
     transparent huge pages set to ``never``, or no huge page free, the memory is ordinary.
-    Returns ``(mapping, advised)``: whether the kernel took the advice.
+    Returns ``(mapping, advised)``: whether the kernel accepted the advice.
     """
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advised = False

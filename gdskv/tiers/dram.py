@@ -2,8 +2,9 @@
 
 Values are 64-byte aligned in the arena, and values of 64 KiB or more page-aligned
 (:func:`value_alignment`), so their pages go to SSD without a staging copy. The arena is
-mapped on transparent huge pages where the kernel allows (:func:`alloc_arena`), which is
-what lets those O_DIRECT writes run at the device's speed.
+private memory on transparent huge pages where the kernel allows (:func:`alloc_arena`):
+an O_DIRECT write from huge pages needs far fewer scatter-gather segments
+(``docs/ssd-path.md``, "The memory the bytes come from").
 
 The tier is a data structure, not a service: it holds the arena, the allocator, the entries
 and the eviction order, and every method except the byte copies (:meth:`DramTier.write`,

@@ -71,7 +71,9 @@ def record_size(key_len: int, value_len: int) -> int:
     return head_size(key_len) + align_up(value_len)
 
 
-def encode_head(key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0, into: Optional[memoryview] = None):
+def encode_head(
+    key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0, into: Optional[memoryview] = None
+) -> "bytearray | memoryview":
     """The header block of a record: header, key, zero padding up to the value. Written
     into ``into`` (``head_size(len(key))`` zeroed bytes) when given, else a new bytearray;
     returns the block."""
@@ -120,7 +122,7 @@ class HeadBlocks:
         self.close()
 
 
-def record_buffers(head, value: memoryview) -> List[memoryview]:
+def record_buffers(head: "bytearray | memoryview", value: memoryview) -> List[memoryview]:
     """The iovecs that write one record: head block, value, zero padding."""
     bufs = [memoryview(head), value]
     pad = align_up(value.nbytes) - value.nbytes
