@@ -136,3 +136,13 @@ def test_huge_pages_setting_from_the_environment_and_bad_values() -> None:
         env_overrides({"GDSKV_DRAM_HUGE_PAGES": "maybe"})
     with pytest.raises(ConfigError, match="True or False"):
         StoreConfig(dram_huge_pages="yes")  # type: ignore[arg-type]
+
+
+def test_without_the_advice_constant_memory_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python or platform without MADV_HUGEPAGE still gets its memory, unadvised."""
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
+    mapping, advised = map_anonymous(4 * HUGE_PAGE)
+    try:
+        assert not advised and len(mapping) == 4 * HUGE_PAGE
+    finally:
+        mapping.close()

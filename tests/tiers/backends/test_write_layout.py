@@ -71,3 +71,21 @@ def test_only_a_partial_last_block_is_staged(backend):
     out = bytearray(size)
     assert backend.read_batch([(items[1][0], memoryview(out))]) == [size]
     assert bytes(out) == block(11, size)
+
+
+def test_head_blocks_are_page_aligned_records_headers_in_order():
+    from gdskv.gds.aligned import address_of
+    from gdskv.tiers.backends.record import HeadBlocks, decode_head, encode_head, head_size
+
+    keys = [b"a", b"k" * 5000, b"z"]  # the long key's block spans two pages
+    with HeadBlocks(len(k) for k in keys) as heads:
+        blocks = [heads.encode(k, 4096 * (i + 1), 100 + i, 7 * i) for i, k in enumerate(keys)]
+        for i, (key, blk) in enumerate(zip(keys, blocks)):
+            assert blk.nbytes == head_size(len(key))
+            assert address_of(blk) % 4096 == 0
+            assert bytes(blk) == bytes(encode_head(key, 4096 * (i + 1), 100 + i, 7 * i))  # same bytes as ever
+            head = decode_head(bytes(blk))
+            assert (head.seq, head.key_len, head.value_len, head.crc) == (100 + i, len(key), 4096 * (i + 1), 7 * i)
+        with pytest.raises(ValueError, match="sized for"):
+            heads.encode(b"one too many", 1, 1, 1)
+        del blocks, blk
