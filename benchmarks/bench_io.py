@@ -190,7 +190,7 @@ class Arena:
         else:
             self.first = 64
             self.stride = -(-(size + 64) // 4096) * 4096
-        self.map, self.huge_pages = alloc_arena(self.first + self.stride * count + 4096)
+        self.map, self.huge_pages_advised = alloc_arena(self.first + self.stride * count + 4096)
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
         self.size = size
         rng = np.random.default_rng(seed)

@@ -82,7 +82,8 @@ class StoreConfig:
     #: Ask the kernel to back the DRAM arena with transparent huge pages (MADV_HUGEPAGE):
     #: O_DIRECT transfers from huge pages need far fewer scatter-gather segments
     #: (docs/ssd-path.md). Turn off where huge-page faults stall (direct compaction on a
-    #: fragmented host) more than offload speed matters. Default True.
+    #: fragmented host) more than offload speed matters; the I/O engines' staging (a few
+    #: MiB per thread, allocated once) keeps the advice. Default True.
     dram_huge_pages: bool = True
     #: Byte cap of the NVMe tier; 0 disables it (a DRAM-only cache). Default 20 GiB.
     ssd_bytes: int = 20 * GiB

@@ -579,7 +579,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                     "objects": sum(1 for e in self._dram.entries.values() if e.complete),
                     "used_bytes": self._dram.used,
                     "capacity": self._dram.capacity,
-                    "huge_pages": self._dram.huge_pages,
+                    "huge_pages_advised": self._dram.huge_pages_advised,
                     "hits": int(c.get("dram_hits", 0)),
                     "read_bytes": int(c.get("dram_read_bytes", 0)),
                     "read_bytes_per_s": rate(c.get("dram_read_bytes", 0), c.get("dram_read_seconds", 0)),

@@ -18,8 +18,8 @@ Large buffers (the DRAM tier's arena, the engines' staging) are mapped by
 *shared* memory, which the kernel keeps in shmem and which O_DIRECT pins more slowly), on
 transparent huge pages where the kernel allows. The kernel pins every page of a user
 buffer for an O_DIRECT transfer and hands the device one scatter-gather segment per
-physically contiguous run, so a 2 MiB write from 4 KiB pages is 512 segments and from a
-huge page one. On the 2-core virtio VM of ``benchmarks/README.md``, 2 MiB O_DIRECT writes
+physically contiguous run, so a 2 MiB write from 4 KiB pages is up to 512 segments and
+from huge pages one or two (a value is page-aligned, not huge-page-aligned). On the 2-core virtio VM of ``benchmarks/README.md``, 2 MiB O_DIRECT writes
 through ``uring`` (median of 4, interleaved with fio) ran at 0.80x fio's speed from shared
 memory, 1.00x from private memory and 1.11x from private memory on huge pages.
 
@@ -57,15 +57,26 @@ def align_up(n: int, alignment: int = DIRECT_ALIGN) -> int:
 
 def map_anonymous(nbytes: int, *, huge: bool = True) -> Tuple[mmap.mmap, bool]:
     """Private, page-aligned anonymous memory of ``nbytes`` (> 0), zero-filled lazily by the
-    kernel (a forked child gets a copy-on-write copy, not shared memory).
+    kernel.
+
+    The mapping is not inherited by a forked child (``MADV_DONTFORK``): the memory is I/O
+    memory of this process (pinned by io_uring and CUDA where registered, which a fork would
+    otherwise copy at once), and a child has no business touching it; one that does gets a
+    segmentation fault rather than a silent copy of the parent's cache.
 
     With ``huge`` and at least :data:`HUGE_PAGE` bytes, the mapping is advised
     ``MADV_HUGEPAGE`` (see the module docstring): the kernel then backs its 2 MiB-aligned
     stretches with huge pages where it can. That is advice, not a reservation: with
     transparent huge pages set to ``never``, or no huge page free, the memory is ordinary.
-    Returns ``(mapping, advised)``: whether the kernel accepted the advice.
+    Returns ``(mapping, advised)``: whether the kernel accepted the advice (not whether
+    it has huge pages to give: with THP ``never`` the advice is accepted and ignored).
     """
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_DONTFORK"):
+        try:
+            mapping.madvise(mmap.MADV_DONTFORK)
+        except OSError:  # not refused on Linux; other systems: inherited as usual
+            pass
     advised = False
     if huge and nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
@@ -78,18 +89,20 @@ def map_anonymous(nbytes: int, *, huge: bool = True) -> Tuple[mmap.mmap, bool]:
 
 class AlignedBuffer:
     """Page-aligned anonymous memory, allocated once, zero-filled lazily by the kernel
-    (:func:`map_anonymous`: on huge pages where it is large enough).
+    (:func:`map_anonymous`; with ``huge``, advised onto huge pages where it is large enough:
+    right for long-lived staging, not for short-lived buffers that a huge-page fault would
+    zero-fill 2 MiB at a time).
 
     ``view`` is a writable byte memoryview of the whole buffer. ``close()`` unmaps it once
     no view is alive (a live view keeps the mapping until it is released).
     """
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, *, huge: bool = True) -> None:
         if nbytes <= 0:
             raise ValueError("aligned buffer size must be positive")
         self.nbytes = align_up(nbytes, mmap.PAGESIZE)
         self._map: Optional[mmap.mmap]
-        self._map, self.huge_pages = map_anonymous(self.nbytes)
+        self._map, self.huge_pages_advised = map_anonymous(self.nbytes, huge=huge)
         self.view = memoryview(self._map)
 
     def close(self) -> None:
@@ -103,9 +116,10 @@ class AlignedBuffer:
         self._map = None
 
 
-def alloc_aligned(nbytes: int) -> AlignedBuffer:
-    """Allocate ``nbytes`` (rounded up to whole pages) of page-aligned memory."""
-    return AlignedBuffer(nbytes)
+def alloc_aligned(nbytes: int, *, huge: bool = True) -> AlignedBuffer:
+    """Allocate ``nbytes`` (rounded up to whole pages) of page-aligned memory
+    (:class:`AlignedBuffer`)."""
+    return AlignedBuffer(nbytes, huge=huge)
 
 
 def address_of(buf: memoryview) -> int:

@@ -91,7 +91,7 @@ class DramTier:
     def __init__(self, capacity: int, policy: EvictionPolicy, *, huge_pages: bool = True) -> None:
         self.allocator = OffsetAllocator(capacity, alignment=DRAM_ALIGNMENT)
         self.capacity = self.allocator.capacity
-        self._mmap, self.huge_pages = alloc_arena(self.capacity, huge_pages=huge_pages)
+        self._mmap, self.huge_pages_advised = alloc_arena(self.capacity, huge_pages=huge_pages)
         self.arena = np.frombuffer(self._mmap, dtype=np.uint8)
         self.policy = policy
         self.entries: Dict[bytes, DramEntry] = {}

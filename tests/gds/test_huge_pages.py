@@ -7,6 +7,7 @@ The kernel reports, per mapping, whether it may back it with huge pages ("THPeli
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -98,16 +99,16 @@ def test_small_or_refused_mapping_is_not_advised() -> None:
 def test_dram_arena_and_engine_staging_ask_for_huge_pages(tmp_path: Path) -> None:
     tier = DramTier(8 * HUGE_PAGE, make_policy("lru"))
     try:
-        assert tier.huge_pages
+        assert tier.huge_pages_advised
     finally:
         tier.close()
     staging = AlignedBuffer(4 * HUGE_PAGE)
     try:
-        assert staging.huge_pages
+        assert staging.huge_pages_advised
     finally:
         staging.close()
     with gdskv.open(tmp_path / "s", dram=8 * HUGE_PAGE, ssd=0) as store:
-        assert store.stats()["dram"]["huge_pages"] is True
+        assert store.stats()["dram"]["huge_pages_advised"] is True
 
 
 def test_memory_is_usable_either_way() -> None:
@@ -121,7 +122,7 @@ def test_memory_is_usable_either_way() -> None:
 
 def test_the_store_can_be_told_not_to_ask_for_huge_pages(tmp_path: Path) -> None:
     with gdskv.open(tmp_path / "s", dram=8 * HUGE_PAGE, ssd=0, dram_huge_pages=False) as store:
-        assert store.stats()["dram"]["huge_pages"] is False
+        assert store.stats()["dram"]["huge_pages_advised"] is False
         store.put(b"k", b"v" * 100)
         assert store.get(b"k") == b"v" * 100
 
@@ -144,5 +145,28 @@ def test_without_the_advice_constant_memory_is_plain(monkeypatch: pytest.MonkeyP
     mapping, advised = map_anonymous(4 * HUGE_PAGE)
     try:
         assert not advised and len(mapping) == 4 * HUGE_PAGE
+    finally:
+        mapping.close()
+
+
+def test_a_forked_child_does_not_inherit_the_memory() -> None:
+    """MADV_DONTFORK: the child's address space has no such mapping (pinned I/O memory is
+    not copied at fork, and a child cannot scribble on or read the parent's cache)."""
+    mapping, _ = map_anonymous(2 * HUGE_PAGE)
+    array = np.frombuffer(mapping, dtype=np.uint8)
+    address = array.ctypes.data
+    del array
+    mapping[:4] = b"gdsk"
+    pid = os.fork()
+    if pid == 0:  # the child: is the parent's mapping in its address space?
+        present = any(
+            int(lo, 16) <= address < int(hi, 16)
+            for lo, hi in (line.split()[0].split("-") for line in Path("/proc/self/maps").read_text().splitlines())
+        )
+        os._exit(1 if present else 0)
+    _, status = os.waitpid(pid, 0)
+    try:
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert mapping[:4] == b"gdsk"  # the parent keeps it
     finally:
         mapping.close()

@@ -90,14 +90,15 @@ class HeadBlocks:
 
     A record whose value sits page-aligned in memory and fills whole 4 KiB blocks (a KV
     block in the DRAM arena) is then one aligned write, header block and value together:
-    the engine sends it from memory as it is, one device request, instead of staging the
-    header block and writing it as a request of its own. ``encode`` hands out the blocks in
+    the engine sends it from memory as it is, one request to the kernel, instead of staging
+    the header block and writing it as a request of its own. ``encode`` hands out the blocks in
     order; they must stay alive until the batch's writes are done (``close()`` after, or
     use as a context manager)."""
 
     def __init__(self, key_lens: Iterable[int]) -> None:
         total = sum(head_size(n) for n in key_lens)
-        self._mem: Optional[AlignedBuffer] = alloc_aligned(total) if total else None
+        # Short-lived (one batch): small pages, no huge page zero-filled for a few headers.
+        self._mem: Optional[AlignedBuffer] = alloc_aligned(total, huge=False) if total else None
         self._pos = 0
 
     def encode(self, key: bytes, value_len: int, seq: int, crc: int, *, flags: int = 0) -> memoryview:
