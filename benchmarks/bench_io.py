@@ -36,6 +36,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,44 +129,93 @@ class FioMemory:
     4 KiB pages is one segment per page: fio's default buffers (``--mem=malloc``) make fio
     slower than the device, and gdskv's ratios would flatter it. fio can only put its
     buffers on hugetlb pages (``--mem=shmhuge``), which must be reserved
-    (``vm.nr_hugepages``). ``mode``:
+    (``vm.nr_hugepages``) and which SysV shared memory may only lock for root, members of
+    ``vm.hugetlb_shm_group`` or a large enough ``RLIMIT_MEMLOCK``. ``mode``:
 
-    - ``auto``: huge pages when enough are free, else fio's default, said in the header;
+    - ``auto``: huge pages when enough are free and allowed, else fio's default (the header
+      says which, and why);
     - ``huge``: huge pages; as root, reserves what is missing for the run and gives it back
-      at the end (:meth:`restore`); otherwise an error;
+      at the end (:meth:`restore`, also on SIGTERM); otherwise an error before the run;
     - ``malloc``: fio's default.
+
+    ``need_bytes``: the largest buffer memory of any fio job of the run (queue depth x block).
     """
 
     def __init__(self, mode: str, need_bytes: int) -> None:
         self.mode = mode
         self.page = meminfo("Hugepagesize") or (2 << 20)
-        self.need = -(-need_bytes // self.page) + 1
+        # fio rounds its buffer memory (plus alignment) up to whole huge pages; keep a margin.
+        self.need = -(-need_bytes // self.page) + 4
         self._reserved_from: Optional[int] = None
-        free = meminfo("HugePages_Free")
-        if mode == "huge" and free < self.need:
-            if os.geteuid() != 0:
-                raise SystemExit(f"--fio-mem huge: {self.need} huge pages needed, {free} free; reserve them (sysctl vm.nr_hugepages) or run as root")
-            total = meminfo("HugePages_Total")
-            Path("/proc/sys/vm/nr_hugepages").write_text(str(total + self.need - free))
-            self._reserved_from = total
-            free = meminfo("HugePages_Free")
+        self.why = "as asked"
+        allowed, who = self._may_lock(need_bytes)
+        free = self._free()
+        if mode == "huge":
+            if not allowed:
+                raise SystemExit(f"--fio-mem huge: fio may not lock huge pages here ({who})")
             if free < self.need:
-                self.restore()
-                raise SystemExit(f"--fio-mem huge: the kernel found only {free} of {self.need} huge pages")
-        self.huge = mode != "malloc" and free >= self.need
+                self._reserve(free)
+                free = self._free()
+        self.huge = mode != "malloc" and allowed and free >= self.need
+        if mode == "auto" and not self.huge:
+            self.why = who if not allowed else f"{self.need} free huge pages needed, {free} free"
         self.option = "shmhuge" if self.huge else "malloc"
+
+    @staticmethod
+    def _free() -> int:
+        """Huge pages free and not promised to a mapping already."""
+        return meminfo("HugePages_Free") - meminfo("HugePages_Rsvd")
+
+    @staticmethod
+    def _may_lock(nbytes: int) -> "tuple[bool, str]":
+        """Whether fio may create huge-page shared memory here, and who decides."""
+        if os.geteuid() == 0:
+            return True, "root"
+        try:
+            group = int(Path("/proc/sys/vm/hugetlb_shm_group").read_text())
+            if group in (os.getegid(), *os.getgroups()):
+                return True, "member of vm.hugetlb_shm_group"
+        except (OSError, ValueError):
+            pass
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+        if soft == resource.RLIM_INFINITY or soft >= nbytes:
+            return True, "RLIMIT_MEMLOCK"
+        return False, "not root, not in vm.hugetlb_shm_group, RLIMIT_MEMLOCK too small"
+
+    def _reserve(self, free: int) -> None:
+        """Raise vm.nr_hugepages by what is missing (root); restored by :meth:`restore`."""
+        if os.geteuid() != 0:
+            raise SystemExit(f"--fio-mem huge: {self.need} huge pages needed, {free} free; "
+                             f"reserve them (sysctl vm.nr_hugepages) or run as root")
+        total = meminfo("HugePages_Total")
+        self._reserved_from = total  # before the write: restore() undoes even a partial one
+        try:
+            Path("/proc/sys/vm/nr_hugepages").write_text(str(total + self.need - free))
+        except OSError as exc:
+            self._reserved_from = None
+            raise SystemExit(f"--fio-mem huge: cannot reserve huge pages: {exc}") from None
+        if self._free() < self.need:
+            got = self._free()
+            self.restore()
+            raise SystemExit(f"--fio-mem huge: the kernel found only {got} of {self.need} huge pages")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # so restore() runs
 
     def describe(self) -> str:
         if self.huge:
             return f"on huge pages (--mem=shmhuge, {self.need} of {self.page >> 20} MiB), like gdskv's arena"
-        why = "as asked" if self.mode == "malloc" else f"{self.need} free huge pages needed for --mem=shmhuge"
-        return (f"on 4 KiB pages (--mem=malloc; {why}): gdskv's arena is on huge pages, so its ratios flatter it; "
+        return (f"on 4 KiB pages (--mem=malloc; {self.why}): gdskv's arena is on huge pages, so its ratios flatter it; "
                 f"--fio-mem huge reserves huge pages for fio")
 
     def restore(self) -> None:
         """Give back the huge pages reserved for this run, if any."""
         if self._reserved_from is not None:
-            Path("/proc/sys/vm/nr_hugepages").write_text(str(self._reserved_from))
+            try:
+                Path("/proc/sys/vm/nr_hugepages").write_text(str(self._reserved_from))
+            except OSError as exc:
+                print(f"# could not give back the huge pages reserved for fio (vm.nr_hugepages={self._reserved_from}): {exc}",
+                      file=sys.stderr)
             self._reserved_from = None
 
 
@@ -374,7 +424,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"# filesystem: {fs_type(base)} on {device_of(base)} at {base}")
     fio_version = subprocess.run([fio, "--version"], capture_output=True, text=True).stdout.strip() if fio else None
     print(f"# fio: {fio_version or 'not available: absolute numbers only, no ratios'}")
-    fio_mem = FioMemory(args.fio_mem if fio else "malloc", args.qd * max(sizes))
+    rand_size = args.rand_objects * 4096
+    fio_buffers = max(args.qd * max(sizes), 8 * min(MiB, rand_size), args.rand_qd * 4096)  # its largest job
+    fio_mem = FioMemory(args.fio_mem if fio else "malloc", fio_buffers)
     atexit.register(fio_mem.restore)  # also when the run fails before its own clean-up
     if fio:
         print(f"# fio buffers: {fio_mem.describe()}")
@@ -425,7 +477,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             del arena, outs
 
         # 4 KiB random reads: one data set per engine x backend, written once, read each repeat.
-        rand_size = args.rand_objects * 4096
         arena = Arena(args.rand_objects, 4096, args.seed, args.value_align)
         keys = [f"small-{i}".encode() for i in range(args.rand_objects)]
         outs = out_buffers(args.rand_qd, 4096, args.out_align)

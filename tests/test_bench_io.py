@@ -67,3 +67,29 @@ def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):
 
 if not SCRIPT.exists():  # pragma: no cover
     pytest.skip("benchmarks/bench_io.py missing", allow_module_level=True)
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_io_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fio_memory_without_the_right_to_lock_huge_pages(monkeypatch):
+    """A user who may not lock huge-page shared memory: auto falls back and says why; huge
+    refuses before the run (fio would fail mid-run)."""
+    import resource
+
+    bench = _bench_module()
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
+    monkeypatch.setattr(os, "getegid", lambda: 65534)
+    monkeypatch.setattr(os, "getgroups", lambda: [65534])
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))
+    auto = bench.FioMemory("auto", 32 << 20)
+    assert auto.option == "malloc" and "not root" in auto.describe()
+    with pytest.raises(SystemExit, match="may not lock huge pages"):
+        bench.FioMemory("huge", 32 << 20)
+    assert bench.FioMemory("malloc", 32 << 20).describe().startswith("on 4 KiB pages (--mem=malloc; as asked)")
