@@ -101,3 +101,19 @@ def test_head_blocks_are_page_aligned_records_headers_in_order():
         with pytest.raises(ValueError, match="sized for"):
             heads.encode(b"one too many", 1, 1, 1)
         del blocks, blk
+
+
+def test_head_blocks_reuse_memory_and_zero_what_a_previous_batch_left():
+    from gdskv.gds.aligned import address_of
+    from gdskv.tiers.backends.record import HeadBlocks, encode_head
+
+    with HeadBlocks([4000]) as first:
+        block = first.encode(b"\xff" * 4000, 1, 1, 1)  # fills nearly the whole block
+        where = address_of(block)
+        del block
+    with HeadBlocks([1]) as second:
+        block = second.encode(b"k", 4096, 2, 3)
+        assert address_of(block) == where  # the same memory, taken again
+        assert bytes(block) == bytes(encode_head(b"k", 4096, 2, 3))  # padding zeroed, not 0xff
+        del block
+
