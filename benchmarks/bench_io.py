@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import json
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -50,6 +52,7 @@ import numpy as np
 from gdskv.config import format_size, parse_size
 from gdskv.errors import GdskvError
 from gdskv.gds import make_engine
+from gdskv.gds.aligned import transparent_huge_pages
 from gdskv.gds.probe import fs_type
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.record import checksum
@@ -177,8 +180,6 @@ class FioMemory:
                 return True, "member of vm.hugetlb_shm_group"
         except (OSError, ValueError):
             pass
-        import resource
-
         soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
         if soft == resource.RLIM_INFINITY or soft >= nbytes:
             return True, "RLIMIT_MEMLOCK"
@@ -205,7 +206,7 @@ class FioMemory:
     def describe(self) -> str:
         if self.huge:
             return f"on huge pages (--mem=shmhuge, {self.need} of {self.page >> 20} MiB), like gdskv's arena"
-        return (f"on 4 KiB pages (--mem=malloc; {self.why}): gdskv's arena is on huge pages, so its ratios flatter it; "
+        return (f"on 4 KiB pages (--mem=malloc; {self.why}): gdskv's arena asks for huge pages, so its ratios may flatter it; "
                 f"--fio-mem huge reserves huge pages for fio")
 
     def restore(self) -> None:
@@ -225,10 +226,10 @@ class FioMemory:
 class Arena:
     """``count`` values of ``size`` bytes in one allocation.
 
-    The memory comes from the DRAM tier's allocation (:func:`gdskv.tiers.dram.alloc_arena`,
-    huge pages where the kernel allows). ``placement="dram"``: where the DRAM tier puts them (:func:`gdskv.tiers.dram.value_alignment`:
-    64-byte aligned, page-aligned from 64 KiB), after a 64-byte value, so that nothing is
-    page-aligned by accident. ``"64"``: every value 64 bytes past a page boundary, so every
+    The memory is allocated as the DRAM tier's arena is (:func:`gdskv.tiers.dram.alloc_arena`:
+    huge pages where the kernel allows). ``placement="dram"``: where the DRAM tier puts
+    values (:func:`gdskv.tiers.dram.value_alignment`: 64-byte aligned, page-aligned from
+    64 KiB), after a 64-byte value, so that nothing is page-aligned by accident. ``"64"``: every value 64 bytes past a page boundary, so every
     O_DIRECT write of it goes through the engines' staging.
     """
 
@@ -240,7 +241,7 @@ class Arena:
         else:
             self.first = 64
             self.stride = -(-(size + 64) // 4096) * 4096
-        self.map, self.huge_pages_advised = alloc_arena(self.first + self.stride * count + 4096)
+        self.map, _ = alloc_arena(self.first + self.stride * count + 4096)
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
         self.size = size
         rng = np.random.default_rng(seed)
@@ -357,15 +358,6 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {format_size(mem)} RAM, Linux {platform.release()}"
 
 
-def thp_setting() -> str:
-    """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``)."""
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-        return text[text.index("[") + 1 : text.index("]")]
-    except (OSError, ValueError):
-        return "unknown"
-
-
 def device_of(directory: Path) -> str:
     dev = os.stat(directory).st_dev
     name = f"{os.major(dev)}:{os.minor(dev)}"
@@ -427,12 +419,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     rand_size = args.rand_objects * 4096
     fio_buffers = max(args.qd * max(sizes), 8 * min(MiB, rand_size), args.rand_qd * 4096)  # its largest job
     fio_mem = FioMemory(args.fio_mem if fio else "malloc", fio_buffers)
-    atexit.register(fio_mem.restore)  # also when the run fails before its own clean-up
+    atexit.register(fio_mem.restore)  # at the end, on an error, and on SIGTERM (see FioMemory)
     if fio:
         print(f"# fio buffers: {fio_mem.describe()}")
     print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}; "
           f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}, "
-          f"in memory allocated as the DRAM tier's arena (transparent huge pages: {thp_setting()})")
+          f"in memory allocated as the DRAM tier's arena (transparent huge pages: {transparent_huge_pages() or 'none'})")
     print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
           f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
 
@@ -440,6 +432,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     capacity = max(sizes) * 4 + total * 2 + args.rand_objects * 16384
     fio_dir = base / "fio"
     fio_dir.mkdir(exist_ok=True)
+    fio_job = functools.partial(fio_run, fio, fio_dir, direct=True, mem=fio_mem.option)  # O_DIRECT, as gdskv
     samples: Dict[tuple, List[float]] = {}
     # What one repeat runs: fio, then each engine x backend; every repeat starts one step
     # further along this list, so no run always follows the same neighbour (a big write
@@ -460,8 +453,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             for r in range(args.repeat):
                 for engine_name, backend_name in rotated(runs, r):
                     if engine_name == "fio":
-                        add(("fio", "write", size), fio_run(fio, fio_dir, rw="write", bs=size, qd=args.qd, size=n * size, direct=True, mem=fio_mem.option))
-                        add(("fio", "read", size), fio_run(fio, fio_dir, rw="randread", bs=size, qd=args.qd, size=n * size, direct=True, mem=fio_mem.option))
+                        add(("fio", "write", size), fio_job(rw="write", bs=size, qd=args.qd, size=n * size))
+                        add(("fio", "read", size), fio_job(rw="randread", bs=size, qd=args.qd, size=n * size))
                     else:
                         engine = engines[engine_name]
                         work = base / f"{engine_name}-{backend_name}"
@@ -489,11 +482,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not engine.direct:
                     drop_cache(work)
         if fio:
-            fio_run(fio, fio_dir, rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size, direct=True, mem=fio_mem.option)
+            fio_job(rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size)
         for r in range(args.repeat):
             for engine_name, backend_name in rotated(runs, r):
                 if engine_name == "fio":
-                    add(("fio", "rand", 4096), fio_run(fio, fio_dir, rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, direct=True, ios=args.rand_ops, mem=fio_mem.option))
+                    add(("fio", "rand", 4096), fio_job(rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, ios=args.rand_ops))
                 else:
                     backend = small[(engine_name, backend_name)]
                     add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
@@ -503,7 +496,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         for engine in engines.values():
             engine.close()
         shutil.rmtree(fio_dir, ignore_errors=True)
-        fio_mem.restore()
 
     rows = []
     for engine_name in engines:

@@ -14,8 +14,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_io.py"
 TINY = ["--size", "512KiB", "--sizes", "256KiB", "--rand-objects", "32", "--rand-ops", "64", "--repeat", "1", "--no-fio-install"]
 
 
-def run_bench(tmp_path, env=None, engines="psync,uring"):
-    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", engines, *TINY]
+def run_bench(tmp_path, env=None, engines="psync,uring", extra=()):
+    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", engines, *extra, *TINY]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -46,12 +46,9 @@ def test_fio_on_its_default_buffers_is_said_to_flatter_gdskv(tmp_path):
     if not shutil.which("fio"):
         pytest.skip("fio is not installed")
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
-    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", "uring", "--backends", "bucket",
-           "--fio-mem", "malloc", *TINY]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "# fio buffers: on 4 KiB pages (--mem=malloc; as asked)" in done.stdout
-    assert all(r[-1] in ("met", "MISSED") or r[-1].endswith("x") for r in table_rows(done.stdout))
+    out = run_bench(tmp_path, env, engines="uring", extra=("--backends", "bucket", "--fio-mem", "malloc"))
+    assert "# fio buffers: on 4 KiB pages (--mem=malloc; as asked)" in out
+    assert all(r[-1] in ("met", "MISSED") or r[-1].endswith("x") for r in table_rows(out))
 
 
 def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):

@@ -55,6 +55,21 @@ def align_up(n: int, alignment: int = DIRECT_ALIGN) -> int:
     return -(-n // alignment) * alignment
 
 
+#: Where Linux says how it hands out transparent huge pages.
+THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def transparent_huge_pages() -> Optional[str]:
+    """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``), or
+    None on a kernel without them."""
+    try:
+        with open(THP_SETTING) as f:
+            text = f.read()
+        return text[text.index("[") + 1 : text.index("]")]
+    except (OSError, ValueError):
+        return None
+
+
 def map_anonymous(nbytes: int, *, huge: bool = True) -> Tuple[mmap.mmap, bool]:
     """Private, page-aligned anonymous memory of ``nbytes`` (> 0), zero-filled lazily by the
     kernel.

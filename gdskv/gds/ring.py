@@ -60,9 +60,9 @@ _REFILL_BYTES = 1 << 20
 #: Direct transfers larger than this go to the kernel as several entries of this size:
 #: large enough that a KV block of a few MiB is one entry (the block layer still cuts it to
 #: the device's ``max_sectors_kb``), small enough that a batch of large values ends evenly
-#: instead of waiting on its last, largest entry (2 MiB O_DIRECT writes from huge pages ran
-#: ~7% faster split at 4 MiB than at 1 MiB on the test VM, whose disk takes 4 MiB requests;
-#: reads were the same).
+#: instead of waiting on its last, largest entry (O_DIRECT writes from huge pages ran 8%
+#: (2 MiB) and 11% (16 MiB) faster split at 4 MiB than at 1 MiB on the test VM, whose disk
+#: takes 4 MiB requests; reads were within 3%).
 SPLIT_BYTES = 4 << 20
 #: Largest aligned span (bytes) of a read handled as a :class:`_Small` read.
 SMALL_READ = 16 << 10

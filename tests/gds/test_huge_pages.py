@@ -16,19 +16,9 @@ import pytest
 
 import gdskv
 from gdskv.gds.aligned import HUGE_PAGE, AlignedBuffer, map_anonymous
+from gdskv.gds.aligned import transparent_huge_pages as thp_mode
 from gdskv.tiers.dram import DramTier
 from gdskv.tiers.policies import make_policy
-
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def thp_mode() -> Optional[str]:
-    try:
-        text = THP.read_text()
-    except OSError:
-        return None
-    return text[text.index("[") + 1 : text.index("]")]
-
 
 def smaps(mapping: mmap.mmap) -> dict:
     """/proc/self/smaps of ``mapping``: its permissions ("rw-p": private) and fields."""
