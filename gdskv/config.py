@@ -118,6 +118,9 @@ class StoreConfig:
     io_threads: int = 4
     #: Requests in flight per io_uring (one ring per thread). Default 64.
     io_depth: int = 64
+    #: Bytes of large reads (not the small reads of a few KiB) in flight per io_uring:
+    #: more waits, so a deep queue of large reads does not slow the disk down. Default 8 MiB.
+    io_read_inflight_bytes: int = 8 * MiB
     #: Open NVMe files with O_DIRECT where the filesystem allows it (buffered otherwise).
     #: Default True.
     direct_io: bool = True
@@ -141,7 +144,7 @@ class StoreConfig:
     verify_on_open: str = "index"
 
     def __post_init__(self) -> None:
-        for name in ("dram_bytes", "ssd_bytes", "hbm_bytes", "bucket_bytes"):
+        for name in ("dram_bytes", "ssd_bytes", "hbm_bytes", "bucket_bytes", "io_read_inflight_bytes"):
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, parse_size(value, field=name))
@@ -169,6 +172,7 @@ class StoreConfig:
             )
         _positive("io_threads", self.io_threads)
         _positive("io_depth", self.io_depth)
+        _positive("io_read_inflight_bytes", self.io_read_inflight_bytes)
         _positive("bucket_bytes", self.bucket_bytes)
         _positive("bucket_max_keys", self.bucket_max_keys)
         if self.bucket_max_age_s <= 0:
@@ -210,6 +214,7 @@ ENV_FIELDS = {
     "GDSKV_IO_ENGINE": "io_engine",
     "GDSKV_IO_THREADS": "io_threads",
     "GDSKV_IO_DEPTH": "io_depth",
+    "GDSKV_IO_READ_INFLIGHT": "io_read_inflight_bytes",
     "GDSKV_DIRECT_IO": "direct_io",
     "GDSKV_DRAM_HUGE_PAGES": "dram_huge_pages",
 }

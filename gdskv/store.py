@@ -153,6 +153,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                     depth=config.io_depth,
                     direct=config.direct_io,
                     directory=self.path,
+                    read_inflight_bytes=config.io_read_inflight_bytes,
                 )
                 engine = None
                 self._backend = make_backend(

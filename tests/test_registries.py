@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 import gdskv
+from conftest import uring_unavailable
 from gdskv import cli
 from gdskv.config import BACKENDS, IO_ENGINES, StoreConfig, env_overrides
 from gdskv.gds import ENGINES, make_engine
@@ -48,6 +49,20 @@ def test_environment_sets_backend_engine_depth_and_direct_io():
     assert info.value.context["field"] == "GDSKV_DIRECT_IO"
     with pytest.raises(gdskv.ConfigError):
         StoreConfig(io_depth=0)
+
+
+def test_the_cap_on_large_reads_in_flight_reaches_the_engine(tmp_path, monkeypatch):
+    assert env_overrides({"GDSKV_IO_READ_INFLIGHT": "2MiB"}) == {"io_read_inflight_bytes": 2 << 20}
+    with pytest.raises(gdskv.ConfigError):
+        StoreConfig(io_read_inflight_bytes=0)
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    monkeypatch.setenv("GDSKV_IO_READ_INFLIGHT", "2MiB")
+    with gdskv.open(tmp_path / "s", dram="1MiB", ssd="8MiB", io_engine="uring") as store:
+        assert store.stats()["io_engine"]["read_inflight_bytes"] == 2 << 20
+    monkeypatch.delenv("GDSKV_IO_READ_INFLIGHT")
+    with gdskv.open(tmp_path / "u", dram="1MiB", ssd="8MiB", io_engine="uring") as store:
+        assert store.stats()["io_engine"]["read_inflight_bytes"] == 8 << 20
 
 
 def test_environment_reaches_the_store(tmp_path, monkeypatch):

@@ -66,6 +66,11 @@ _REFILL_BYTES = 1 << 20
 SPLIT_BYTES = 4 << 20
 #: Largest aligned span (bytes) of a read handled as a :class:`_Small` read.
 SMALL_READ = 16 << 10
+#: Default cap on the bytes of large reads (anything but small reads) in flight on one
+#: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond), and on the
+#: test VM's virtual disk random 2 MiB reads ran 10-25% faster with 8 MiB in flight than
+#: with 16 or 32 (writes ran no faster with a cap, so they have none).
+READ_INFLIGHT_BYTES = 8 << 20
 
 
 class RingFuture(IoFuture):
@@ -141,7 +146,7 @@ class _Req:
 class _Op:
     """One submission: a direct transfer or one bounced chunk."""
 
-    __slots__ = ("req", "offset", "length", "need", "done", "buffers", "c_lo", "c_hi", "slot", "iov", "bounce")
+    __slots__ = ("req", "offset", "length", "need", "done", "buffers", "c_lo", "c_hi", "slot", "iov", "bounce", "reading")
 
     def __init__(
         self, req: _Req, offset: int, length: int, need: int, buffers: Optional[List[memoryview]], bounce: Optional[Bounce] = None
@@ -157,6 +162,7 @@ class _Op:
         self.slot: Optional[int] = None
         self.iov: Optional[Template] = None  # held until completion
         self.bounce = bounce  # a bounced write: the plan of the part this chunk belongs to
+        self.reading = 0  # while a read's entry is in flight: its bytes (in Ring._reading)
 
 
 class _Small:
@@ -184,9 +190,23 @@ class _Small:
 class Ring:
     """An io_uring of ``depth`` entries with ``slots`` staging chunks. See the module docstring."""
 
-    def __init__(self, lib: Any, *, depth: int, slots: int, chunk_bytes: int, fixed: bool, split_bytes: int = SPLIT_BYTES) -> None:
+    def __init__(
+        self,
+        lib: Any,
+        *,
+        depth: int,
+        slots: int,
+        chunk_bytes: int,
+        fixed: bool,
+        split_bytes: int = SPLIT_BYTES,
+        read_inflight_bytes: int = READ_INFLIGHT_BYTES,
+    ) -> None:
         self._L = lib
         self.depth = depth
+        #: Large reads wait in the backlog while this many bytes of them are in flight
+        #: (one is always let through); small reads are not counted.
+        self.read_inflight_bytes = read_inflight_bytes
+        self._reading = 0
         self.chunk_bytes = chunk_bytes
         #: Direct transfers larger than this go as several entries of this size (aligned).
         self.split_bytes = max(split_bytes, chunk_bytes)
@@ -352,6 +372,9 @@ class Ring:
                 self._backlog.popleft()
                 self._finish_op(op)
                 continue
+            reading = op.length - op.done if req.request.op is _READ else 0
+            if reading and self._reading and self._reading + reading > self.read_inflight_bytes:
+                return  # resumed as reads complete
             if op.buffers is None and op.slot is None:
                 if not self._free_slots:
                     return
@@ -371,6 +394,8 @@ class Ring:
                     return
             self._backlog.popleft()
             self._prep(sqe, op)
+            op.reading = reading
+            self._reading += reading
             self._unsubmitted_bytes += op.length
             if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
                 self._submit()
@@ -476,6 +501,8 @@ class Ring:
             if op.__class__ is _Small:
                 self._fail_any(op, _io_error(op.request, op.request.offset, exc))
             else:
+                self._reading -= op.reading
+                op.reading = 0
                 self._fail_any(op, _io_error(op.req.request, op.offset, exc))
 
     # ------------------------------------------------------------------ completion
@@ -513,6 +540,8 @@ class Ring:
                     else:
                         self._complete_small(op, res)  # type: ignore[arg-type]
                 elif op is not None:
+                    self._reading -= op.reading
+                    op.reading = 0
                     self._complete(op, res)
                 total += res
                 if total >= limit_bytes:

@@ -343,3 +343,44 @@ def test_a_refused_submission_fails_every_queued_request_with_its_offset(tmp_pat
     ring.close()
     os.close(fd)
     eng.close()
+
+
+def test_uring_caps_the_bytes_of_large_reads_in_flight(tmp_path, monkeypatch):
+    """Large reads, direct or staged, wait while ``read_inflight_bytes`` of them are in
+    flight; one larger than the cap still goes (alone); small reads and writes are not held."""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    from gdskv.gds.ring import Ring
+
+    seen = []  # (large read bytes, entries) in flight at each submission
+    submit = Ring._submit
+
+    def watching(ring):
+        seen.append((ring._reading, len(ring._inflight)))
+        submit(ring)
+
+    monkeypatch.setattr(Ring, "_submit", watching)
+    cap = 64 << 10
+    eng = _engine("uring", True, depth=32, slots=32, chunk_bytes=16 << 10, read_inflight_bytes=cap)
+    path = tmp_path / "data"
+    fd = eng.open_file(path, os.O_RDWR | os.O_CREAT)
+    data = block(3, 2 << 20)
+    eng.run([IoRequest.write(fd, 0, memoryview(data), path=str(path))])
+    assert max(n for _, n in seen) > 4  # the write went out in many entries at once: not held
+
+    def read_all(size, align, count, offset_step):
+        page = alloc_aligned(count * (size + 4096) + 4096)
+        outs = [page.view[i * (size + 4096) + align : i * (size + 4096) + align + size] for i in range(count)]
+        seen.clear()
+        got = eng.run([IoRequest.read(fd, i * offset_step, outs[i], path=str(path)) for i in range(count)])
+        assert got == [size] * count
+        assert [bytes(o) for o in outs] == [data[i * offset_step : i * offset_step + size] for i in range(count)]
+        return max(r for r, _ in seen), max(n for _, n in seen)
+
+    assert read_all(32 << 10, 0, 16, 32 << 10) == (cap, 2)  # direct: two 32 KiB reads at a time
+    reading, entries = read_all(40 << 10, 64, 16, 64 << 10)  # staged: 16 KiB chunks
+    assert reading <= cap and entries >= 2
+    assert read_all(256 << 10, 0, 2, 256 << 10) == (256 << 10, 1)  # over the cap: one at a time
+    assert read_all(4096, 64, 24, 8192)[1] == 24  # small reads: all at once
+    os.close(fd)
+    eng.close()
