@@ -434,6 +434,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     fio_dir.mkdir(exist_ok=True)
     fio_job = functools.partial(fio_run, fio, fio_dir, direct=True, mem=fio_mem.option)  # O_DIRECT, as gdskv
     samples: Dict[tuple, List[float]] = {}
+    small: Dict[tuple, object] = {}  # the 4 KiB data sets, by (engine, backend)
     # What one repeat runs: fio, then each engine x backend; every repeat starts one step
     # further along this list, so no run always follows the same neighbour (a big write
     # leaves the disk busy flushing for a while).
@@ -473,7 +474,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         arena = Arena(args.rand_objects, 4096, args.seed, args.value_align)
         keys = [f"small-{i}".encode() for i in range(args.rand_objects)]
         outs = out_buffers(args.rand_qd, 4096, args.out_align)
-        small = {}
         for engine_name, engine in engines.items():
             for backend_name in backends:
                 work = base / f"small-{engine_name}-{backend_name}"
@@ -490,11 +490,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 else:
                     backend = small[(engine_name, backend_name)]
                     add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
+    finally:
         for backend in small.values():
             backend.close()
-    finally:
         for engine in engines.values():
             engine.close()
+        for engine_name, backend_name in small:  # a given --dir keeps only what was there
+            shutil.rmtree(base / f"small-{engine_name}-{backend_name}", ignore_errors=True)
         shutil.rmtree(fio_dir, ignore_errors=True)
 
     rows = []

@@ -37,6 +37,7 @@ def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
     assert {r[1] for r in rows} == {"bucket", "offset", "file_per_key"}
     per_combo = 3  # write and read of 256 KiB objects, 4 KiB random reads
     assert len(rows) == per_combo * 3 * len(engines)
+    assert not list((tmp_path / "bench").iterdir())  # the given --dir is left as it was: empty
     if "fio-" in out:  # with fio, the header says where its buffers live and every row carries a ratio
         assert "# fio buffers: on huge pages" in out or "# fio buffers: on 4 KiB pages" in out
         assert all(r[-1].endswith("x") or r[-2].endswith("x") or "met" in r or "MISSED" in r for r in rows)
