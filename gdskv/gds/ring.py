@@ -19,8 +19,10 @@ Work is cut into *ops*, one submission queue entry each:
   the caller's alignment and having the kernel map its pages, and it keeps the per-read
   Python work of a batch of 4 KiB reads small.
 
-Each op points a reusable ``Iovec`` (:mod:`gdskv.gds.iovec`) at its memory; ops wait in a backlog while the ring is full (``depth`` in flight) or no staging slot is
-free, so a batch of any size and any request size works with bounded memory. Completions
+Each op points a reusable ``Iovec`` (:mod:`gdskv.gds.iovec`) at its memory; ops wait in a
+backlog while the ring is full (``depth`` in flight), no staging slot is free, or (large
+reads) ``read_inflight_bytes`` of large reads are in flight, so a batch of any size and any
+request size works with bounded memory. Completions
 are reaped with ``CqeIter`` (one entry at a time, ``cqe[0]``). The ``liburing`` wrapper
 holds the GIL inside blocking calls, so the ring never blocks in it: waiting is a
 ``poll()`` on the ring's file descriptor, which releases the GIL.
@@ -68,8 +70,8 @@ SPLIT_BYTES = 4 << 20
 SMALL_READ = 16 << 10
 #: Default cap on the bytes of large reads (anything but small reads) in flight on one
 #: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond), and on the
-#: test VM's virtual disk random 2 MiB reads ran 10-25% faster with 8 MiB in flight than
-#: with 16 or 32 (writes ran no faster with a cap, so they have none).
+#: test VM's virtual disk random 2 MiB reads ran 7-25% faster with 8 MiB in flight than
+#: with 16, and 30% slower with 32 (writes ran no faster with a cap, so they have none).
 READ_INFLIGHT_BYTES = 8 << 20
 
 
