@@ -4,6 +4,8 @@ For each engine x backend, through the backend API (the layer that puts objects 
 
 - write N objects of each size (256 KiB, 2 MiB, 16 MiB by default; ``--size`` bytes of
   each), in batches as the offloader does, durably (the backend's fsyncs included);
+- the same into a tier that is full (``write full``: a store of a quarter of those bytes,
+  filled first, so that every batch evicts older objects: a cache's steady state);
 - cold-read them all in random order, ``--qd`` objects per batch (O_DIRECT, so nothing
   comes from the page cache; a buffered engine's files are dropped from it first);
 - 4 KiB random reads of ``--rand-objects`` small objects, 64 per batch (``--rand-qd``).
@@ -242,6 +244,7 @@ class Arena:
             self.first = 64
             self.stride = -(-(size + 64) // 4096) * 4096
         self.map, _ = alloc_arena(self.first + self.stride * count + 4096)
+        self.count = count
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
         self.size = size
         rng = np.random.default_rng(seed)
@@ -283,17 +286,31 @@ def open_backend(name: str, directory: Path, engine, capacity: int):
     return backend
 
 
-def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int) -> float:
-    """Write every object in batches of about ``batch_bytes``; returns bytes/s."""
-    items = [(k, arena.view(i), 0) for i, k in enumerate(keys)]
+def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int, evicting: bool = False) -> float:
+    """Write every object in batches of about ``batch_bytes``; returns bytes/s. Unless
+    ``evicting``, a write that evicts anything is an error (the capacity is too small)."""
+    items = [(k, arena.view(i % arena.count), 0) for i, k in enumerate(keys)]
     items = [(k, v, checksum(k, v)) for k, v, _ in items]
     per_batch = max(1, batch_bytes // arena.size)
     t0 = time.perf_counter()
     for start in range(0, len(items), per_batch):
         evicted = backend.write(items[start : start + per_batch])
-        if evicted:
+        if evicted and not evicting:
             raise RuntimeError("the benchmark's NVMe capacity is too small: objects were evicted")
     return len(items) * arena.size / (time.perf_counter() - t0)
+
+
+def gdskv_write_full(name: str, work: Path, engine, arena: Arena, keys: Sequence[bytes], batch_bytes: int) -> float:
+    """Write every object into a new store of ``name`` a quarter of their size (at least
+    two batches), filled first: every batch evicts. Returns bytes/s of the second pass."""
+    total = len(keys) * arena.size
+    backend = open_backend(name, work, engine, max(total // 4, 2 * batch_bytes) + (1 << 20))
+    try:
+        gdskv_write(backend, arena, [b"fill-" + k for k in keys[: max(1, len(keys) // 4)]], batch_bytes, evicting=True)
+        return gdskv_write(backend, arena, keys, batch_bytes, evicting=True)
+    finally:
+        backend.close()
+        shutil.rmtree(work)
 
 
 def gdskv_read(backend, keys: Sequence[bytes], size: int, qd: int, outs: List[memoryview], seed: int) -> float:
@@ -468,6 +485,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         finally:
                             backend.close()
                         shutil.rmtree(work)
+                        add((engine_name, backend_name, "write full", size),
+                            gdskv_write_full(backend_name, work, engine, arena, keys, batch_bytes))
             del arena, outs
 
         # 4 KiB random reads: one data set per engine x backend, written once, read each repeat.
@@ -504,9 +523,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for backend_name in backends:
             for size in sizes:
                 n = max(1, total // size)
-                for op in ("write", "read"):
+                for op in ("write", "read", "write full"):
                     value = median(samples[(engine_name, backend_name, op, size)])
-                    ref = median(samples[("fio", op, size)]) if fio else None
+                    ref = median(samples[("fio", op.split()[0], size)]) if fio else None
                     rows.append((engine_name, backend_name, size, op, n, value, ref))
             value = median(samples[(engine_name, backend_name, "rand", 4096)])
             ref = median(samples[("fio", "rand", 4096)]) if fio else None

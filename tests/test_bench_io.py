@@ -35,7 +35,7 @@ def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
     engines = {r[0] for r in rows}
     assert "psync" in engines
     assert {r[1] for r in rows} == {"bucket", "offset", "file_per_key"}
-    per_combo = 3  # write and read of 256 KiB objects, 4 KiB random reads
+    per_combo = 4  # write, read and write into a full tier of 256 KiB objects, 4 KiB random reads
     assert len(rows) == per_combo * 3 * len(engines)
     assert not list((tmp_path / "bench").iterdir())  # the given --dir is left as it was: empty
     if "fio-" in out:  # with fio, the header says where its buffers live and every row carries a ratio
