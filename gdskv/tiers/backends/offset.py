@@ -245,9 +245,16 @@ class OffsetBackend(StorageBackend):
                     self._alloc.free(offset)
             self._deferred = still_pinned
             batch = sum(self._alloc.rounded(s) for s in sizes)
-            target = min(self.capacity, self.window_bytes + batch) if sizes else 0
+            # Free after the batch is placed: a window's worth (all the rest, at most).
+            target = max(0, min(self.capacity - batch, self.window_bytes)) if sizes else 0
+            while self._alloc.free_bytes < target + batch:  # cannot be enough yet: no placing
+                key = self._policy.first_victim()
+                if key is None:
+                    break
+                self._evict(key)
+                evicted.append(key)
             offsets = self._try_place(sizes)
-            while offsets is None or self._alloc.free_bytes < target:
+            while offsets is None or self._alloc.free_bytes < target:  # fragmented, or pinned
                 if offsets is not None:
                     for offset in offsets:
                         self._alloc.free(offset)

@@ -113,6 +113,24 @@ def test_object_level_eviction_order(tmp_path, direct_psync, policy):
     backend.close()
 
 
+def test_a_checkpoint_evicts_only_what_the_batch_and_a_window_need(tmp_path, direct_psync):
+    """In a full file, each batch that takes a checkpoint evicts the oldest objects until the
+    batch fits and a window is free after it, and no more: what stays is the rest."""
+    capacity, window, size = 4 * MiB, MiB // 2, 60_000  # records of 64 KiB
+    backend = open_backend(tmp_path, direct_psync, capacity=capacity, window_bytes=window)
+    record = 64 << 10
+    for b in range(12):  # 12 batches of 8 records (512 KiB each) through a 4 MiB file
+        values = {f"b{b}-{i}".encode(): block(100 * b + i, size) for i in range(8)}
+        backend.write(items(values))
+        assert backend.used_bytes <= capacity
+        if b >= 8:  # the file has filled up: only the batch and a window's worth are freed
+            assert backend.used_bytes >= capacity - window - record, (b, backend.used_bytes)
+    assert len(backend) >= (capacity - window) // record - 1
+    for key in backend.keys():
+        assert read(backend, key, size) is not None
+    backend.close()
+
+
 def test_a_torn_record_in_the_window_is_dropped(tmp_path, direct_psync):
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"whole": block(1, 9000), b"torn": block(2, 9000)}))
