@@ -337,9 +337,9 @@ class BucketBackend(StorageBackend):
         (the steady state of a full tier): its blocks are allocated and written already, so
         the new bucket's O_DIRECT writes overwrite them in place, with no allocation,
         no unwritten extents to convert at the fdatasync and no discard of freed blocks
-        (with 2 MiB objects on the test VM: 1.16x fio against 0.64x for new files, the old
-        ones deleted). The new records, their padding included, cover every byte up to
-        ``nbytes``, so nothing of the old bucket is left in the file."""
+        (2 MiB objects into a full tier on the test VM: 2.35-2.54 GB/s against 1.38-1.39
+        with new files and the old ones deleted). The new records, their padding included,
+        cover every byte up to ``nbytes``, so nothing of the old bucket is left in the file."""
         size = os.fstat(fd).st_size
         if size > nbytes:
             os.ftruncate(fd, nbytes)
