@@ -231,8 +231,9 @@ class Arena:
     The memory is allocated as the DRAM tier's arena is (:func:`gdskv.tiers.dram.alloc_arena`:
     huge pages where the kernel allows). ``placement="dram"``: where the DRAM tier puts
     values (:func:`gdskv.tiers.dram.value_alignment`: 64-byte aligned, page-aligned from
-    64 KiB), after a 64-byte value, so that nothing is page-aligned by accident. ``"64"``: every value 64 bytes past a page boundary, so every
-    O_DIRECT write of it goes through the engines' staging.
+    64 KiB), after a 64-byte value, so that nothing is page-aligned by accident. ``"64"``:
+    every value 64 bytes past a page boundary, so every O_DIRECT write of it goes through
+    the engines' staging.
     """
 
     def __init__(self, count: int, size: int, seed: int, placement: str = "dram") -> None:
@@ -244,7 +245,6 @@ class Arena:
             self.first = 64
             self.stride = -(-(size + 64) // 4096) * 4096
         self.map, _ = alloc_arena(self.first + self.stride * count + 4096)
-        self.count = count
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
         self.size = size
         rng = np.random.default_rng(seed)
@@ -289,7 +289,7 @@ def open_backend(name: str, directory: Path, engine, capacity: int):
 def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int, evicting: bool = False) -> float:
     """Write every object in batches of about ``batch_bytes``; returns bytes/s. Unless
     ``evicting``, a write that evicts anything is an error (the capacity is too small)."""
-    items = [(k, arena.view(i % arena.count), 0) for i, k in enumerate(keys)]
+    items = [(k, arena.view(i), 0) for i, k in enumerate(keys)]
     items = [(k, v, checksum(k, v)) for k, v, _ in items]
     per_batch = max(1, batch_bytes // arena.size)
     t0 = time.perf_counter()
@@ -301,8 +301,9 @@ def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int, 
 
 
 def gdskv_write_full(name: str, work: Path, engine, arena: Arena, keys: Sequence[bytes], batch_bytes: int) -> float:
-    """Write every object into a new store of ``name`` a quarter of their size (at least
-    two batches), filled first: every batch evicts. Returns bytes/s of the second pass."""
+    """Write every object into a new store of ``name`` a quarter of their size (at least two
+    batches) that a quarter of the objects filled first, so that (with the default sizes)
+    every batch evicts. Returns bytes/s of that second pass."""
     total = len(keys) * arena.size
     backend = open_backend(name, work, engine, max(total // 4, 2 * batch_bytes) + (1 << 20))
     try:

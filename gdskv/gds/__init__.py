@@ -28,7 +28,7 @@ def _psync(*, threads: int, depth: int, direct: bool, directory: Optional[str], 
 def _uring(*, threads: int, depth: int, direct: bool, directory: Optional[str], read_inflight_bytes: Optional[int]) -> IoEngine:
     from gdskv.gds.uring import READ_INFLIGHT_BYTES, UringEngine  # liburing is imported only when asked for
 
-    return UringEngine(depth=depth, direct=direct, read_inflight_bytes=read_inflight_bytes or READ_INFLIGHT_BYTES)
+    return UringEngine(depth=depth, direct=direct, read_inflight_bytes=READ_INFLIGHT_BYTES if read_inflight_bytes is None else read_inflight_bytes)
 
 
 def _kvikio(*, threads: int, depth: int, direct: bool, directory: Optional[str], read_inflight_bytes: Optional[int]) -> IoEngine:

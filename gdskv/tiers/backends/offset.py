@@ -343,7 +343,7 @@ class OffsetBackend(StorageBackend):
             heads = HeadBlocks(len(key) for key, _, _ in items)
             for i, ((key, value, crc), offset) in enumerate(zip(items, offsets)):
                 head = heads.encode(key, value.nbytes, first_seq + i, crc)
-                requests.append(IoRequest.write(self._fd, offset, *record_buffers(head, value), path=str(self.data_path)))
+                requests.append(IoRequest.write(self._fd, offset, *record_buffers(head, value), path=self._path))
                 entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, first_seq + i, crc))
             try:
                 self.engine.run(requests)
@@ -437,7 +437,7 @@ class OffsetBackend(StorageBackend):
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            record = entry.value_offset - -(-(RECORD_HEADER.size + len(key)) // ALIGN) * ALIGN  # head_size(len(key)), inline
+            record = _record_start(entry)
             counts[record] = counts.get(record, 0) + 1
             touch(key)
             plan.append((i, entry))
