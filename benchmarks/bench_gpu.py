@@ -340,9 +340,9 @@ def store_nvme_read(directory, nbytes):
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
         engine = store.stats()["io_engine"]["name"]
-    ok = bool(torch.equal(outs[-1].cpu(), torch.from_numpy(data[(batch - 1) * block :])))
+    ok = all(torch.equal(out.cpu(), torch.from_numpy(data[j * block : (j + 1) * block])) for j, out in enumerate(outs))
     shutil.rmtree(path, ignore_errors=True)
-    return count * block / elapsed / GB, f"{count} x 2 MiB cold, engine={engine}, verified on host; bytes {'equal' if ok else 'DIFFER'}"
+    return count * block / elapsed / GB, f"{count} x 2 MiB cold, engine={engine}, the last batch's bytes {'equal' if ok else 'DIFFER'} on host"
 
 
 def stage_nvme(args):

@@ -62,11 +62,14 @@ setup() {
     else
         echo "no wheels/gpu directory: kvikio stages will report it missing"
     fi
-    for mod in numpy crc32c xxhash liburing pytest; do
+    for mod in crc32c liburing; do  # the wheels scripts/prepare_gpu_check.sh fetches
         if ! $PY -c "import $mod" 2> /dev/null; then
             echo "installing $mod from wheels/deps"
             pipt wheels/deps/${mod}-*.whl || echo "could not install $mod"
         fi
+    done
+    for mod in numpy xxhash pytest; do  # expected on the machine already
+        $PY -c "import $mod" 2> /dev/null || echo "missing: $mod (not carried in wheels/deps)"
     done
     $PY -c "import gdskv; print('gdskv from', gdskv.__file__)"
     $PY -m pip list 2> /dev/null | grep -i -E "^(torch|cupy|kvikio|libkvikio|nvidia-cufile|cuda-pathfinder|numpy) " || true

@@ -377,6 +377,7 @@ class Store(OffloadMixin, HbmStoreMixin):
             n = self._hbm.get_into(k, out)  # the fast path: an HBM hit into a device buffer
             if n is not None:
                 return n
+            return self._read_batch([k], [out], hbm_looked=True)[0]  # HBM said no already
         return self._read_batch([k], [self._out_buffer(out)])[0]
 
     def _get_into(self, k: bytes, view: memoryview) -> Optional[int]:
@@ -394,13 +395,15 @@ class Store(OffloadMixin, HbmStoreMixin):
         """A device buffer as it is (with an HBM tier), anything else as a writable byte view."""
         return out if self._is_device(out) else byte_view(out, writable=True, what="out")
 
-    def _read_batch(self, ks: List[bytes], outs: List[OutBuffer]) -> List[Optional[int]]:
+    def _read_batch(self, ks: List[bytes], outs: List[OutBuffer], hbm_looked: bool = False) -> List[Optional[int]]:
+        """Read ``ks`` into ``outs`` from the fastest tier holding each; ``hbm_looked``: HBM
+        was asked already (and missed), so it is not asked (nor its miss counted) again."""
         results: List[Optional[int]] = [None] * len(ks)
         dram_hits: List[tuple[int, DramEntry]] = []
         nvme: List[int] = []
         rooms = [self._room(out) for out in outs]
         todo = list(range(len(ks)))
-        if self._hbm is not None:
+        if self._hbm is not None and not hbm_looked:
             with self._lock:
                 self._check_sizes(ks, rooms, todo)  # nothing is written if any out is too small
             todo = self._read_hbm(ks, outs, rooms, results)

@@ -137,10 +137,8 @@ class HbmStoreMixin:
         self, ks: List[bytes], outs: List[OutBuffer], rooms: List[int], results: List[Optional[int]]
     ) -> List[int]:
         """Serve what HBM holds; return the indexes still to read from DRAM/NVMe."""
-        hbm = self._hbm
-        if hbm is None:
-            return list(range(len(ks)))
-        sizes = hbm.batch_get_into(ks, outs, rooms=rooms)  # the tier counts its hits and bytes
+        assert self._hbm is not None
+        sizes = self._hbm.batch_get_into(ks, outs, rooms=rooms)  # the tier counts its hits and bytes
         todo = []
         for i, n in enumerate(sizes):
             if n is None:
@@ -278,8 +276,7 @@ class DeviceStaging:
             with self.store._lock:
                 for view, holder in slots.values():
                     if isinstance(holder, DramEntry):
-                        holder.detached = True
-                        self.store._dram.written(holder)  # frees the slot
+                        self.store._dram.discard_unlisted(holder)  # frees the slot
             for view, holder in slots.values():
                 if not isinstance(holder, DramEntry):
                     view.release()

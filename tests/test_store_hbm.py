@@ -96,6 +96,7 @@ def test_device_read_from_dram_is_promoted_into_hbm_when_it_has_room(hbm_store):
     assert read_dev(store, "h", 8 * KiB) == block(5, 8 * KiB)
     stats = store.stats()
     assert stats["hbm"]["promoted"] == 1 and stats["hbm"]["objects"] == 1
+    assert (stats["hbm"]["hits"], stats["hbm"]["misses"]) == (0, 1)  # HBM was asked once
     hits = stats["hbm"]["hits"]
     assert read_dev(store, "h", 8 * KiB) == block(5, 8 * KiB)
     assert store.stats()["hbm"]["hits"] == hits + 1

@@ -16,7 +16,7 @@ Not thread-safe: the owning tier serialises calls under its own lock.
 from __future__ import annotations
 
 import bisect
-from typing import Optional
+from typing import Optional, Tuple
 
 from gdskv.errors import ConfigError, GdskvError
 
@@ -48,34 +48,24 @@ class OffsetAllocator:
         if size <= 0:
             raise GdskvError("allocation size must be positive", got=size)
         need = self.rounded(size)
-        align = self._check_align(align)
-        for i, offset in enumerate(self._free_offsets):
-            extent = self._free_sizes[offset]
-            start = -(-offset // align) * align
-            if offset + extent < start + need:
-                continue
-            del self._free_sizes[offset]
-            del self._free_offsets[i]
-            rest = offset + extent - (start + need)
-            if rest:
-                self._free_offsets.insert(i, start + need)
-                self._free_sizes[start + need] = rest
-            if start > offset:  # the skipped head stays free
-                self._free_offsets.insert(i, offset)
-                self._free_sizes[offset] = start - offset
-            self._live[start] = need
-            self.used += need
-            return start
-        return None
+        found = self._find(need, self._check_align(align))
+        if found is None:
+            return None
+        i, start = found
+        self._cut(i, start, need)
+        return start
 
     def fits(self, size: int, *, align: Optional[int] = None) -> bool:
         """Whether :meth:`allocate` of ``size`` (and ``align``) would succeed now."""
-        need = self.rounded(size)
-        align = self._check_align(align)
-        for offset in self._free_offsets:
-            if offset + self._free_sizes[offset] >= -(-offset // align) * align + need:
-                return True
-        return False
+        return self._find(self.rounded(size), self._check_align(align)) is not None
+
+    def _find(self, need: int, align: int) -> Optional[Tuple[int, int]]:
+        """First fit: ``(index of the free extent, aligned start)`` for ``need`` bytes."""
+        for i, offset in enumerate(self._free_offsets):
+            start = -(-offset // align) * align
+            if offset + self._free_sizes[offset] >= start + need:
+                return i, start
+        return None
 
     def _check_align(self, align: Optional[int]) -> int:
         if align is None or align == self.alignment:
@@ -94,17 +84,25 @@ class OffsetAllocator:
         start = self._free_offsets[i] if i >= 0 else -1
         if i < 0 or offset + need > start + self._free_sizes[start]:
             raise GdskvError("claim of a range that is not free", offset=offset, size=need)
-        extent = self._free_sizes.pop(start)
-        del self._free_offsets[i]
-        if offset > start:  # the part before the claim stays free
-            self._free_offsets.insert(i, start)
-            self._free_sizes[start] = offset - start
-            i += 1
-        rest = start + extent - (offset + need)
-        if rest:  # the part after the claim stays free
-            self._free_offsets.insert(i, offset + need)
-            self._free_sizes[offset + need] = rest
-        self._live[offset] = need
+        self._cut(i, offset, need)
+
+    def _cut(self, i: int, start: int, need: int) -> None:
+        """Allocate ``[start, start + need)`` out of free extent ``i``, which holds it; what
+        lies before and after it stays free."""
+        offset = self._free_offsets[i]
+        end = offset + self._free_sizes.pop(offset)
+        tail = start + need
+        if start > offset:  # the head stays free where it is
+            self._free_sizes[offset] = start - offset
+            if tail < end:
+                self._free_offsets.insert(i + 1, tail)
+                self._free_sizes[tail] = end - tail
+        elif tail < end:  # the common case: the extent shrinks in place
+            self._free_offsets[i] = tail
+            self._free_sizes[tail] = end - tail
+        else:
+            del self._free_offsets[i]
+        self._live[start] = need
         self.used += need
 
     def extents(self) -> list[tuple[int, int]]:

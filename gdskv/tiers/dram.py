@@ -29,7 +29,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
-from gdskv.gds.aligned import map_anonymous
+from gdskv.gds.aligned import DIRECT_ALIGN, map_anonymous
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.policies import EvictionPolicy
 
@@ -37,15 +37,14 @@ from gdskv.tiers.policies import EvictionPolicy
 DRAM_ALIGNMENT = 64
 #: Values of at least this many bytes start on a page boundary of the arena, so that an
 #: O_DIRECT write to SSD (whose records put values on 4 KiB file offsets) sends their whole
-#: pages straight from the arena instead of copying them through staging first.
+#: pages straight from the arena (aligned to the engines' ``DIRECT_ALIGN``) instead of
+#: copying them through staging first.
 PAGE_ALIGNED_FROM = 64 << 10
-#: The page size those values are aligned to (the I/O engines' O_DIRECT alignment).
-PAGE_ALIGNMENT = 4096
 
 
 def value_alignment(size: int) -> int:
     """Where in the arena a value of ``size`` bytes starts: a multiple of this."""
-    return PAGE_ALIGNMENT if size >= PAGE_ALIGNED_FROM else DRAM_ALIGNMENT
+    return DIRECT_ALIGN if size >= PAGE_ALIGNED_FROM else DRAM_ALIGNMENT
 
 
 def alloc_arena(nbytes: int, *, huge_pages: bool = True) -> "tuple[mmap.mmap, bool]":
@@ -125,6 +124,12 @@ class DramTier:
         ``key``: it stays invisible (the HBM tier's sink lists it once its copy is done)."""
         offset = self.allocator.allocate(size, align=value_alignment(size))
         return None if offset is None else DramEntry(key, offset, size, 0)
+
+    def discard_unlisted(self, entry: DramEntry) -> None:
+        """Give back an entry of :meth:`reserve_unlisted` that will not be listed (its
+        copy failed, was abandoned or is not needed): its bytes are freed once idle."""
+        entry.detached = True
+        self.written(entry)
 
     def fits(self, size: int) -> bool:
         """Whether :meth:`reserve` of a value of ``size`` bytes would find room now."""

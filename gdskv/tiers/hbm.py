@@ -16,11 +16,14 @@ then abandoned (``sink.complete(..., ok=False)``), never published, so a stale v
 reaches DRAM. A sink that cannot take a victim (DRAM full) makes the tier try the next one;
 when nothing can be evicted in ``put_timeout_s``, the put raises :class:`NoSpaceError`.
 
-Thread-safe: metadata changes under one lock. A put copies in outside it, and an eviction
-copies out, from entries they pin (``readers``), as in the DRAM tier; hits issue their copy
-under the lock (on a GPU that only enqueues it, ordered on the stream before any later
-write of those bytes). An owning store passes its own (re-entrant)
-lock, so the tier, the DRAM tier and the sink share one lock and no lock order can invert.
+Thread-safe: metadata changes under one lock. A put copies in outside it, an eviction
+copies out, and a hit into host memory copies out (a blocking copy), from entries they pin
+(``readers``), as in the DRAM tier. A hit into a device buffer issues its copy under the
+lock instead: on a GPU that only enqueues it on the caller's current stream, where it runs
+before any later write of those bytes *on the same stream*; a reader on a stream of its
+own must synchronise that stream before the key can be removed, overwritten or evicted
+and its bytes reused. An owning store passes its own (re-entrant) lock, so the tier, the
+DRAM tier and the sink share one lock and no lock order can invert.
 """
 
 from __future__ import annotations
@@ -93,16 +96,14 @@ class DramSink(HostSink):
         with self.lock:
             entry = self._pending.pop((key, id(buffer)))
             if not ok:
-                entry.detached = True
-                self.dram.written(entry)  # frees the bytes
+                self.dram.discard_unlisted(entry)
                 return
             entry.crc = crc
             old = self.dram.lookup(key)
             if old is not None and old.complete and (old.size, old.crc) == (entry.size, crc):
                 # DRAM already holds these bytes (the object was promoted from there): keep
                 # that entry, whose NVMe state (queued, written) stays true, and drop this copy.
-                entry.detached = True
-                self.dram.written(entry)
+                self.dram.discard_unlisted(entry)
                 self.dram.touch(old)
                 return
             if old is not None:
@@ -197,23 +198,28 @@ class HbmTier:
         size, or None when it is not in HBM. An EVICTING object is still served; an ``out``
         smaller than the object is an InvalidValueError.
 
-        The copy is issued under the lock (its bytes cannot be freed and handed to another
-        object meanwhile). On a GPU that is a kernel launch, and the copy itself runs after
-        the call returns, ordered on the stream before any later write of those bytes."""
+        Into a device buffer the copy is issued under the lock (its bytes cannot be freed and
+        handed to another object meanwhile): on a GPU a launch, the copy itself running
+        after the call returns, on the current stream (see the module docstring). Into host
+        memory the entry is pinned and the (blocking) copy runs outside the lock."""
         with self._lock:
             self._check_open()
-            if self._evicting:
-                self._reap()
+            self._reap()
             entry = self.entries.get(key)
             if entry is None:
                 self.counters["misses"] += 1
                 return None
-            if not self.pool.copy_out(entry.offset, entry.size, out):
+            device = self.pool.is_device(out)
+            if not (self.pool.copy_out(entry.offset, entry.size, out) if device else self.pool.size_of(out) >= entry.size):
                 raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=self.pool.size_of(out))
             self.policy.touch(key)
             self.counters["hits"] += 1
             self.counters["read_bytes"] += entry.size
-            return entry.size
+            if device:
+                return entry.size
+            entry.readers += 1
+        self._copy_pinned([entry], [out])
+        return entry.size
 
     def batch_get_into(
         self, keys: Sequence[bytes], outs: Sequence[Any], *, rooms: Optional[Sequence[int]] = None
@@ -228,26 +234,47 @@ class HbmTier:
         if rooms is None:
             rooms = [self.pool.size_of(out) for out in outs]
         results: List[Optional[int]] = [None] * len(keys)
+        pinned: List[HbmEntry] = []  # hits into host memory: copied outside the lock
+        host_outs: List[Any] = []
         with self._lock:
             self._check_open()
-            if self._evicting:
-                self._reap()
+            self._reap()
             found = [self.entries.get(key) for key in keys]
             for key, entry, room in zip(keys, found, rooms):
                 if entry is not None and room < entry.size:
                     raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=room)
             copies = []
             for i, entry in enumerate(found):
-                if entry is not None:
+                if entry is None:
+                    continue
+                if self.pool.is_device(outs[i]):
                     copies.append((entry.offset, entry.size, outs[i]))
-                    results[i] = entry.size
-                    self.policy.touch(entry.key)
+                else:
+                    entry.readers += 1
+                    pinned.append(entry)
+                    host_outs.append(outs[i])
+                results[i] = entry.size
+                self.policy.touch(entry.key)
             if copies:  # issued under the lock, as in get_into
                 self.pool.read_many(copies)
-            self.counters["hits"] += len(copies)
-            self.counters["read_bytes"] += sum(c[1] for c in copies)
-            self.counters["misses"] += len(keys) - len(copies)
+            hits = len(copies) + len(pinned)
+            self.counters["hits"] += hits
+            self.counters["read_bytes"] += sum(r for r in results if r is not None)
+            self.counters["misses"] += len(keys) - hits
+        if pinned:
+            self._copy_pinned(pinned, host_outs)
         return results
+
+    def _copy_pinned(self, entries: List[HbmEntry], outs: List[Any]) -> None:
+        """Copy pinned entries into host ``outs`` outside the lock, then unpin them."""
+        try:
+            for entry, out in zip(entries, outs):
+                self.pool.read_into(entry.offset, entry.size, out)
+        finally:
+            with self._lock:
+                for entry in entries:
+                    entry.readers -= 1
+                    self._release(entry)
 
     def contains(self, key: bytes) -> bool:
         with self._lock:

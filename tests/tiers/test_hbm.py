@@ -72,6 +72,34 @@ def test_put_get_roundtrip_and_accounting():
     tier.close()
 
 
+def test_a_hit_into_host_memory_copies_outside_the_lock_from_a_pinned_entry():
+    pool = HostStandInPool(64 * KB)
+    tier = HbmTier(pool, DictSink())
+    tier.put(b"a", arr(1, 4096))
+    entered, release = threading.Event(), threading.Event()
+    plain = pool.read_into
+
+    def slow(offset, size, dst):
+        entered.set()
+        release.wait(5)
+        plain(offset, size, dst)
+
+    pool.read_into = slow
+    got = []
+    reader = threading.Thread(target=lambda: got.append(read(tier, b"a", 4096)))
+    reader.start()
+    assert entered.wait(5)
+    pool.read_into = plain
+    assert tier.remove(b"a")  # the lock is free while the copy runs...
+    tier.put(b"b", arr(2, 4096))  # ...and a's bytes stay a's until it is done
+    assert reader.is_alive()
+    release.set()
+    reader.join(5)
+    assert got == [block(1, 4096)] and read(tier, b"b", 4096) == block(2, 4096)
+    assert tier.used == 4096  # a's bytes were freed once the reader let go
+    tier.close()
+
+
 def test_eviction_keeps_object_readable_until_host_copy_completes(gated):
     tier, sink, gate = gated
     for i in range(4):
