@@ -139,7 +139,10 @@ def alloc_aligned(nbytes: int, *, huge: bool = True) -> AlignedBuffer:
 
 
 def address_of(buf: memoryview) -> int:
-    """The address of the first byte of ``buf``."""
+    """The address of the first byte of ``buf`` (0 for an empty buffer, which has none to
+    point at: an I/O entry of length 0 moves nothing wherever it points)."""
+    if not buf.nbytes:
+        return 0
     if not buf.readonly:
         return ctypes.addressof(ctypes.c_char.from_buffer(buf))
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)

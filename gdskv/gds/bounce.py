@@ -83,16 +83,16 @@ class Bounce:
         if self.tail is None:
             return
         start, end = self.tail
-        buffers = slices(self.request.buffers, start - self.offset, end - start)
+        data = memoryview(bytearray(end - start))  # less than a block, from any number of buffers
+        gather(self.request.buffers, start - self.offset, data)
         fd = os.open(f"/proc/self/fd/{self.request.fd}", os.O_WRONLY)
         try:
             done = 0
-            while buffers:
-                n = os.pwritev(fd, buffers, start + done)
+            while done < len(data):
+                n = os.pwrite(fd, data[done:], start + done)
                 if n == 0:
                     raise OSError(5, "write made no progress")
                 done += n
-                buffers = slices(buffers, n, end - start - done)
         finally:
             os.close(fd)
 

@@ -8,7 +8,10 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
   until the future completes.
 - ``IoFuture.result(timeout=None) -> list[int]``: the byte count of each request, in order,
   once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
-  makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths.
+  makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths;
+  a request whose buffers cannot be used (a read into read-only memory, memory that is not
+  one contiguous run of bytes) fails alone with :class:`gdskv.errors.InvalidValueError`
+  (:func:`request_error`). Empty buffers are allowed and move nothing.
   Futures also offer ``done()``, ``as_completed()`` (each request's outcome as it
   finishes) and can be awaited from asyncio.
 - ``open_file(path, flags, mode) -> int``: open a file the way this engine wants to move
@@ -38,6 +41,7 @@ import logging
 import os
 from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+from gdskv.errors import GdskvError, InvalidValueError, IoError
 from gdskv.gds.aligned import open_file
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,31 @@ class IoRequest(NamedTuple):
     @classmethod
     def write(cls, fd: int, offset: int, *buffers: memoryview, path: str = "") -> "IoRequest":
         return cls(IoOp.WRITE, fd, offset, buffers, path)
+
+
+def request_error(request: IoRequest, offset: int, exc: BaseException) -> GdskvError:
+    """What a request that failed with ``exc`` at file ``offset`` resolves to: an
+    :class:`IoError` with path, offset, length and errno for an ``OSError``; an
+    :class:`InvalidValueError` for buffers the request cannot use (the ``ValueError``,
+    ``TypeError`` or ``BufferError`` taking their address or a view of them raised); a
+    :class:`GdskvError` as it is. Anything else is a bug and is not wrapped."""
+    if isinstance(exc, GdskvError):
+        return exc
+    context = {"path": request.path, "offset": max(offset, request.offset), "length": request.nbytes}
+    if isinstance(exc, OSError):
+        return IoError(f"{request.op.value} failed: {exc.strerror}", errno=exc.errno, **context)
+    if isinstance(exc, (ValueError, TypeError, BufferError)):
+        return InvalidValueError(f"{request.op.value} buffers unusable for I/O: {exc}", **context)
+    raise exc
+
+
+def check_buffers(request: IoRequest) -> None:
+    """Raise :class:`InvalidValueError` if ``request`` is a read into read-only memory
+    (the kernel would write into it anyway: bytes objects are immutable)."""
+    if request.op is IoOp.READ:
+        for buf in request.buffers:
+            if buf.readonly:
+                raise InvalidValueError("read into read-only memory", path=request.path, offset=request.offset)
 
 
 class IoFuture:

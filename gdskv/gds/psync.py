@@ -12,9 +12,10 @@ the caller's ``fsync``. It is only a hint: durability still comes from that ``fs
 pages stay cached, and where the call is missing or fails nothing changes.
 
 With ``direct=True`` files are opened ``O_DIRECT`` where the filesystem allows it. A request
-on such a file that breaks the alignment rules goes through a staging buffer of
-``chunk_bytes`` that each thread allocates once (aligned) and reuses
-(:mod:`gdskv.gds.bounce`).
+on such a file that breaks the alignment rules goes through an aligned staging buffer of
+``chunk_bytes`` (:mod:`gdskv.gds.bounce`), taken from a few the engine keeps for reuse (at
+most one per pool thread plus two; one a caller's own thread used inline goes back there
+too, so threads that come and go do not each keep one).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import os
 import threading
 from typing import Callable, List, Optional, Sequence
 
-from gdskv.errors import IoError, StoreClosedError
+from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
+from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest, check_buffers, request_error
 
 #: Default staging chunk of each thread for unaligned O_DIRECT requests.
 CHUNK_BYTES = 4 << 20
@@ -46,8 +47,8 @@ class PsyncEngine(IoEngine):
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="gdskv-psync")
         self._closed = False
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._staging: List[AlignedBuffer] = []
+        #: Staging buffers not in use (see the module docstring).
+        self._spare_staging: List[AlignedBuffer] = []
         #: Bytes of O_DIRECT writes moved through staging (whole blocks), for ``describe()``.
         self.staged_write_bytes = 0
 
@@ -57,7 +58,7 @@ class PsyncEngine(IoEngine):
         if len(requests) == 1:
             try:
                 return IoFuture.completed([self._execute(requests[0])])
-            except IoError as exc:
+            except GdskvError as exc:
                 return IoFuture.failed(exc)
         with self._lock:
             if self._closed:
@@ -65,53 +66,61 @@ class PsyncEngine(IoEngine):
             return IoFuture([self._pool.submit(self._execute, r) for r in requests])
 
     def _execute(self, request: IoRequest) -> int:
-        if len(request.buffers) > IOV_MAX:
-            return self._execute_bounced(request)
-        if is_direct_fd(request.fd) and not is_aligned(request.offset, request.buffers):
-            if request.op is IoOp.READ:
-                return self._execute_bounced(request)
-            for part, direct in split_write(request):  # aligned parts straight from memory
-                if direct:
-                    execute(part)
-                else:
-                    self._execute_bounced(part)
-            return request.nbytes
-        return execute(request)
+        """Carry out ``request``; any failure is raised as a :class:`GdskvError`
+        (:func:`request_error`)."""
+        try:
+            check_buffers(request)
+            if is_direct_fd(request.fd) and not is_aligned(request.offset, request.buffers):
+                if request.op is IoOp.READ:
+                    return self._execute_bounced(request)
+                for part, direct in split_write(request):  # aligned parts straight from memory
+                    if direct:
+                        execute(part)
+                    else:
+                        self._execute_bounced(part)
+                return request.nbytes
+            return execute(request)
+        except GdskvError:
+            raise
+        except (OSError, ValueError, TypeError, BufferError) as exc:
+            raise request_error(request, request.offset, exc) from exc
 
     def _execute_bounced(self, request: IoRequest) -> int:
-        staging = self._staging_view()
+        buf = self._take_staging()
+        try:
+            return self._bounce(request, buf.view)
+        finally:
+            self._give_staging(buf)
+
+    def _bounce(self, request: IoRequest, staging: memoryview) -> int:
         plan = Bounce(request, staging.nbytes)
         if request.op is IoOp.WRITE:
             with self._lock:
                 self.staged_write_bytes += plan.hi - plan.lo
-        try:
-            for c_lo, c_hi in plan.pieces:
-                view = staging[: c_hi - c_lo]
-                if request.op is IoOp.READ:
-                    _transfer(request, os.preadv, view, c_lo, plan.need(c_lo, c_hi))
-                    plan.drain(c_lo, c_hi, view)
-                else:
-                    plan.fill(c_lo, c_hi, view)
-                    _transfer(request, os.pwritev, view, c_lo, c_hi - c_lo)
-            if request.op is IoOp.WRITE:
-                plan.finish()
-        except OSError as exc:
-            if isinstance(exc, IoError):
-                raise
-            raise IoError(
-                f"{request.op.value} failed: {exc.strerror}",
-                path=request.path, offset=request.offset, length=request.nbytes, errno=exc.errno,
-            ) from exc
+        for c_lo, c_hi in plan.pieces:  # an OSError becomes an IoError in _execute
+            view = staging[: c_hi - c_lo]
+            if request.op is IoOp.READ:
+                _transfer(request, os.preadv, view, c_lo, plan.need(c_lo, c_hi))
+                plan.drain(c_lo, c_hi, view)
+            else:
+                plan.fill(c_lo, c_hi, view)
+                _transfer(request, os.pwritev, view, c_lo, c_hi - c_lo)
+        if request.op is IoOp.WRITE:
+            plan.finish()
         return request.nbytes
 
-    def _staging_view(self) -> memoryview:
-        buf = getattr(self._local, "staging", None)
-        if buf is None:
-            buf = alloc_aligned(self.chunk_bytes)
-            self._local.staging = buf
-            with self._lock:
-                self._staging.append(buf)
-        return buf.view
+    def _take_staging(self) -> AlignedBuffer:
+        with self._lock:
+            if self._spare_staging:
+                return self._spare_staging.pop()
+        return alloc_aligned(self.chunk_bytes)
+
+    def _give_staging(self, buf: AlignedBuffer) -> None:
+        with self._lock:
+            if not self._closed and len(self._spare_staging) < self.threads + 2:
+                self._spare_staging.append(buf)
+                return
+        buf.close()
 
     def describe(self) -> dict:
         return {**super().describe(), "threads": self.threads, "staged_write_bytes": self.staged_write_bytes}
@@ -122,9 +131,10 @@ class PsyncEngine(IoEngine):
                 return
             self._closed = True
         self._pool.shutdown(wait=True)
-        for buf in self._staging:
+        with self._lock:  # a request still running inline in a caller's thread keeps its buffer
+            spare, self._spare_staging = self._spare_staging, []
+        for buf in spare:
             buf.close()
-        self._staging.clear()
 
 
 def _transfer(request: IoRequest, call, view: memoryview, offset: int, need: int) -> None:
@@ -142,14 +152,15 @@ def _transfer(request: IoRequest, call, view: memoryview, offset: int, need: int
 
 
 def execute(request: IoRequest) -> int:
-    """Carry out one request synchronously, completing short transfers; return its size."""
+    """Carry out one request synchronously, completing short transfers; return its size.
+    Empty buffers are skipped; more than ``IOV_MAX`` buffers go ``IOV_MAX`` per call."""
     call = os.preadv if request.op is IoOp.READ else os.pwritev
-    buffers: List[memoryview] = list(request.buffers)
-    total = request.nbytes
+    buffers: List[memoryview] = [b for b in request.buffers if b.nbytes]
+    total = sum(b.nbytes for b in buffers)
     done = 0
-    while buffers:
+    while done < total:
         try:
-            n = call(request.fd, buffers, request.offset + done)
+            n = call(request.fd, buffers if len(buffers) <= IOV_MAX else buffers[:IOV_MAX], request.offset + done)
         except OSError as exc:
             raise IoError(
                 f"{request.op.value} failed: {exc.strerror}",

@@ -43,10 +43,10 @@ import threading
 import time
 from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
-from gdskv.errors import IoError, StoreClosedError
+from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import IoFuture, IoOp, IoRequest
+from gdskv.gds.engine import IoFuture, IoOp, IoRequest, check_buffers, request_error
 from gdskv.gds.iovec import Template
 
 _READ = IoOp.READ
@@ -270,9 +270,12 @@ class Ring:
                         try:
                             direct = direct_fds[request.fd] = is_direct_fd(request.fd)
                         except OSError as exc:
-                            future._resolve(index, _io_error(request, request.offset, exc))
+                            future._resolve(index, request_error(request, request.offset, exc))
                             continue
                     dst = buffers[0]
+                    if dst.readonly:
+                        future._resolve(index, request_error(request, request.offset, BufferError("read-only memory")))
+                        continue
                     offset = request.offset
                     lo = offset - offset % DIRECT_ALIGN
                     hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
@@ -281,9 +284,11 @@ class Ring:
                         continue
                 req = _Req(future, index, request)
                 try:
+                    check_buffers(request)
                     ops = self._plan(req, direct_fds)
-                except OSError as exc:
-                    future._resolve(index, _io_error(request, request.offset, exc))
+                except (OSError, ValueError, TypeError, BufferError, GdskvError) as exc:
+                    # This request fails alone; nothing of it is queued, the rest of the batch goes on.
+                    future._resolve(index, request_error(request, request.offset, exc))
                     continue
                 if not ops:  # nothing to transfer, or less than a block past end of file
                     try:
@@ -291,7 +296,7 @@ class Ring:
                             req.bounce.finish()
                         future._resolve(index, req.nbytes)
                     except OSError as exc:
-                        future._resolve(index, _io_error(request, request.offset, exc))
+                        future._resolve(index, request_error(request, request.offset, exc))
                     continue
                 req.pending = len(ops)
                 self._backlog.extend(ops)
@@ -307,7 +312,7 @@ class Ring:
         direct = direct_fds.get(r.fd)
         if direct is None:
             direct = direct_fds[r.fd] = is_direct_fd(r.fd)
-        if len(buffers) <= IOV_MAX and (not direct or is_aligned(r.offset, buffers)):
+        if not direct or is_aligned(r.offset, buffers):  # (never more than IOV_MAX buffers)
             return self._direct_ops(req, r.offset, buffers, nbytes)
         if r.op is IoOp.WRITE and len(buffers) <= IOV_MAX:
             return self._write_ops(req)
@@ -318,7 +323,16 @@ class Ring:
         return [_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None, plan) for c_lo, c_hi in plan.pieces]
 
     def _direct_ops(self, req: _Req, offset: int, buffers: Sequence[memoryview], nbytes: int) -> List[_Op]:
-        """Entries that move ``buffers`` at ``offset`` as they are."""
+        """Entries that move ``buffers`` at ``offset`` as they are (at most ``IOV_MAX``
+        buffers each: more, on a buffered file, go as consecutive entries)."""
+        if len(buffers) > IOV_MAX:
+            ops: List[_Op] = []
+            for first in range(0, len(buffers), IOV_MAX):
+                group = buffers[first : first + IOV_MAX]
+                size = sum(b.nbytes for b in group)
+                ops.extend(self._direct_ops(req, offset, group, size))
+                offset += size
+            return ops
         if nbytes <= self.split_bytes:
             return [_Op(req, offset, nbytes, nbytes, list(buffers))]
         # Large transfers go as several entries, so one batch keeps the device busy
@@ -386,8 +400,15 @@ class Ring:
                         op.bounce.fill(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr]
                     except OSError as exc:
                         self._backlog.popleft()
-                        self._fail_op(op, _io_error(req.request, op.c_lo, exc))
+                        self._fail_op(op, request_error(req.request, op.c_lo, exc))
                         continue
+            if op.iov is None:
+                try:  # before taking an entry: an entry taken and not prepared would be sent as it was
+                    op.iov = self._iov_of(op)
+                except (ValueError, TypeError, BufferError) as exc:
+                    self._backlog.popleft()
+                    self._fail_op(op, request_error(req.request, op.offset + op.done, exc))
+                    continue
             sqe = L.io_uring_get_sqe(self._ring)
             if sqe is None:  # submission queue full: hand it to the kernel first
                 self._submit()
@@ -452,17 +473,31 @@ class Ring:
                 self._submit()
         return True
 
+    def _iov_of(self, op: _Op) -> Template:
+        """The iovec of ``op``'s transfer from where it stands (``op.done``). Raises for
+        buffers whose address cannot be taken; the op then holds no template."""
+        if op.buffers is not None:
+            iov = self._template(len(op.buffers))
+            try:
+                iov.fill(op.buffers)
+            except BaseException:
+                self._templates.setdefault(iov.capacity, []).append(iov)
+                raise
+            return iov
+        iov = self._template(1)
+        iov.point(self._staging_addr + op.slot * self.chunk_bytes + op.done, op.length - op.done)  # type: ignore[operator]
+        return iov
+
     def _prep(self, sqe: Any, op: _Op) -> None:
+        """Prepare ``sqe`` for ``op``, whose iovec is ready (:meth:`_iov_of`). Nothing here
+        may fail: the entry is the kernel's once taken."""
         L = self._L
         reading = op.req.request.op is IoOp.READ
         fd = op.req.request.fd
+        iov = op.iov
         if op.buffers is not None:
-            iov = op.iov = self._template(len(op.buffers))
-            iov.fill(op.buffers)
             (L.io_uring_prep_readv if reading else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
         else:
-            iov = op.iov = self._template(1)
-            iov.point(self._staging_addr + op.slot * self.chunk_bytes + op.done, op.length - op.done)  # type: ignore[operator]
             if self.fixed:
                 prep = L.io_uring_prep_readv_fixed if reading else L.io_uring_prep_writev_fixed
                 prep(sqe, fd, iov.obj, 0, op.offset + op.done)
@@ -501,11 +536,11 @@ class Ring:
         for ident, op in lost:
             del self._inflight[ident]
             if op.__class__ is _Small:
-                self._fail_any(op, _io_error(op.request, op.request.offset, exc))
+                self._fail_any(op, request_error(op.request, op.request.offset, exc))
             else:
                 self._reading -= op.reading
                 op.reading = 0
-                self._fail_any(op, _io_error(op.req.request, op.offset, exc))
+                self._fail_any(op, request_error(op.req.request, op.offset, exc))
 
     # ------------------------------------------------------------------ completion
 
@@ -572,7 +607,7 @@ class Ring:
                 got=max(0, op.done - op.skip),
             )
         else:
-            error = _io_error(request, request.offset + max(0, op.done - op.skip), OSError(-res, os.strerror(-res)))
+            error = request_error(request, request.offset + max(0, op.done - op.skip), OSError(-res, os.strerror(-res)))
         self._free_slots.append(op.slot)  # type: ignore[arg-type]
         op.slot = None
         op.future._resolve(op.index, error)
@@ -582,7 +617,7 @@ class Ring:
         request = req.request
         if res < 0:
             exc = OSError(-res, os.strerror(-res))
-            self._fail_op(op, _io_error(request, op.offset + op.done, exc))
+            self._fail_op(op, request_error(request, op.offset + op.done, exc))
             return
         op.done += res
         if op.done < op.need:
@@ -598,11 +633,17 @@ class Ring:
                 return
             if op.buffers is not None:
                 op.buffers = advance(op.buffers, res)
+            self._release_iov(op)  # it points where the transfer started
             self._backlog.appendleft(op)  # resume where it stopped
             return
         if op.buffers is None and request.op is IoOp.READ:
             req.bounce.drain(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr,index]
         self._finish_op(op)
+
+    def _release_iov(self, op: _Op) -> None:
+        if op.iov is not None:
+            self._templates.setdefault(op.iov.capacity, []).append(op.iov)
+            op.iov = None
 
     def _fail_any(self, op: "_Op | _Small", exc: BaseException) -> None:
         """Fail an op of either kind that is not in flight."""
@@ -623,9 +664,7 @@ class Ring:
         if op.slot is not None:
             self._free_slots.append(op.slot)
             op.slot = None
-        if op.iov is not None:
-            self._templates.setdefault(op.iov.capacity, []).append(op.iov)
-            op.iov = None
+        self._release_iov(op)
         req = op.req
         req.pending -= 1
         if req.pending:
@@ -634,7 +673,7 @@ class Ring:
             try:
                 req.bounce.finish()
             except OSError as exc:
-                req.error = _io_error(req.request, req.request.offset, exc)
+                req.error = request_error(req.request, req.request.offset, exc)
         req.future._resolve(req.index, req.error if req.error is not None else req.nbytes)
 
     # ------------------------------------------------------------------ waiting
@@ -695,12 +734,3 @@ class Ring:
                 self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing sensible to do
             pass
-
-
-def _io_error(request: IoRequest, offset: int, exc: OSError) -> IoError:
-    return IoError(
-        f"{request.op.value} failed: {exc.strerror}",
-        path=request.path, offset=offset, length=request.nbytes, errno=exc.errno,
-    )
-
-

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import block, uring_unavailable
-from gdskv.errors import IoError, StoreClosedError
+from gdskv.errors import InvalidValueError, IoError, StoreClosedError
 from gdskv.gds import IoRequest, make_engine
 from gdskv.gds.aligned import alloc_aligned, is_direct_fd
 
@@ -179,6 +179,71 @@ def test_a_failing_request_fails_alone(engine, datafile):
     assert isinstance(outcomes[0], IoError) and outcomes[0].context["errno"] == errno.EBADF
     assert outcomes[0].context["path"] == "/dev/null"
     assert outcomes[1] == 4096 and bytes(good) == block(6, 4096)
+
+
+def test_empty_buffers_move_nothing(engine, datafile, tmp_path):
+    """Empty buffers anywhere in a request are allowed. On io_uring, a request that could not
+    be prepared must never leave its submission entry holding the previous request: that
+    entry would be sent again and write an old buffer into an unrelated file."""
+    fd, path = datafile
+    other_path = tmp_path / "other"
+    other = engine.open_file(other_path, os.O_RDWR | os.O_CREAT)
+    try:
+        engine.run([IoRequest.write(other, 0, memoryview(bytearray(b"OLD-DATA")), path=str(other_path))])
+        plain = os.open(other_path, os.O_RDWR)  # not O_DIRECT: any length goes
+        os.pwrite(plain, b"NEW-DATA", 0)
+        empty = memoryview(bytearray())
+        assert engine.run([IoRequest.write(fd, 0, memoryview(bytearray(b"Z")), empty, memoryview(bytearray(b"Y")), path=path)]) == [2]
+        assert engine.run([IoRequest.write(fd, 2, memoryview(bytearray(b"0123456789")), empty, path=path)]) == [10]
+        out = bytearray(12)
+        assert engine.run([IoRequest.read(fd, 0, memoryview(out), empty, path=path)]) == [12]
+        assert bytes(out) == b"ZY0123456789"
+        assert engine.run([IoRequest.read(fd, 0, empty, path=path)]) == [0]
+        assert os.pread(plain, 8, 0) == b"NEW-DATA"
+        os.close(plain)
+    finally:
+        os.close(other)
+
+
+def test_a_read_into_read_only_memory_fails_alone(engine, datafile):
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(21, 8192)), path=path)])
+    frozen = bytes(4096)
+    good = bytearray(4096)
+    outcomes = engine.submit([IoRequest.read(fd, 0, memoryview(frozen), path=path), IoRequest.read(fd, 4096, memoryview(good), path=path)]).outcomes()
+    assert isinstance(outcomes[0], InvalidValueError) and outcomes[0].context["path"] == path
+    assert frozen == bytes(4096)  # the kernel never wrote into it
+    assert outcomes[1] == 4096 and bytes(good) == block(21, 8192)[4096:]
+
+
+def test_a_closed_descriptor_is_an_io_error(engine, datafile, tmp_path):
+    engine.run([IoRequest.write(datafile[0], 0, memoryview(block(23, 4096)), path=datafile[1])])  # rings made first
+    fd = os.open(tmp_path / "gone", os.O_RDWR | os.O_CREAT)
+    os.close(fd)  # (a descriptor opened after this could take its number)
+    for batch in (1, 2):  # psync runs a single request inline, a batch on its pool
+        outcomes = engine.submit([IoRequest.read(fd, 0, memoryview(bytearray(4096)), path="gone")] * batch).outcomes()
+        assert all(isinstance(o, IoError) and o.context["errno"] == errno.EBADF for o in outcomes)
+
+
+def test_more_buffers_than_iov_max_keep_the_neighbours_of_a_buffered_file(engine, datafile):
+    """Past IOV_MAX buffers a buffered file is written as it is (several entries or calls),
+    not block by block through staging: a read-modify-write of a block would undo another
+    write of the same batch in that block (allowed on a buffered file)."""
+    if engine.direct:
+        pytest.skip("two writes of a batch may not share a block of an O_DIRECT file")
+    fd, path = datafile
+    ones = [memoryview(bytearray(b"a")) for _ in range(1100)]
+    for _ in range(10):
+        os.ftruncate(fd, 0)
+        engine.run([IoRequest.write(fd, 2000, memoryview(bytearray(b"B" * 100)), path=path), IoRequest.write(fd, 0, *ones, path=path)])
+        assert os.pread(fd, 2100, 0) == b"a" * 1100 + bytes(900) + b"B" * 100
+
+
+def test_more_buffers_than_iov_max_with_a_partial_block_past_the_end(engine, datafile):
+    fd, path = datafile
+    data = block(22, 2000)
+    assert engine.run([IoRequest.write(fd, 0, *[memoryview(data)[i : i + 1] for i in range(2000)], path=path)]) == [2000]
+    assert os.fstat(fd).st_size == 2000 and _read(engine, fd, path, 0, 2000) == data
 
 
 def test_future_done_and_await(engine, datafile):
