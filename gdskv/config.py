@@ -8,6 +8,7 @@ Sizes are bytes inside the library; strings such as ``"8GiB"`` are parsed at the
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Mapping, Optional, Union
@@ -17,6 +18,10 @@ from gdskv.errors import ConfigError
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+
+#: The smallest DRAM tier: one allocation unit of its arena (capacities are rounded down to
+#: whole units of 64 bytes).
+MIN_DRAM_BYTES = 64
 TiB = 1 << 40
 
 _UNITS = {
@@ -150,8 +155,10 @@ class StoreConfig:
                 object.__setattr__(self, name, parse_size(value, field=name))
             elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError("must be a non-negative byte count", field=name, got=value)
-        if self.dram_bytes <= 0:
-            raise ConfigError("the DRAM tier needs a positive capacity", field="dram_bytes", got=self.dram_bytes)
+        if self.dram_bytes < MIN_DRAM_BYTES:
+            raise ConfigError(f"the DRAM tier needs at least {MIN_DRAM_BYTES} bytes", field="dram_bytes", got=self.dram_bytes)
+        for name in ("high_watermark", "low_watermark", "bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
+            _finite(name, getattr(self, name))
         check_choice("eviction policy", self.eviction, EVICTION_POLICIES)
         check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES)
         check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES)
@@ -177,8 +184,8 @@ class StoreConfig:
         _positive("bucket_max_keys", self.bucket_max_keys)
         if self.bucket_max_age_s <= 0:
             raise ConfigError("must be positive", field="bucket_max_age_s", got=self.bucket_max_age_s)
-        if self.promote_after_reads < 0:
-            raise ConfigError("must be >= 0", field="promote_after_reads", got=self.promote_after_reads)
+        if not isinstance(self.promote_after_reads, int) or isinstance(self.promote_after_reads, bool) or self.promote_after_reads < 0:
+            raise ConfigError("must be an integer >= 0", field="promote_after_reads", got=self.promote_after_reads)
         if self.offload_retry_s < 0:
             raise ConfigError("must be >= 0", field="offload_retry_s", got=self.offload_retry_s)
         if self.put_timeout_s < 0:
@@ -195,6 +202,11 @@ class StoreConfig:
     def replace(self, **changes: Any) -> "StoreConfig":
         """Return a copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+
+def _finite(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ConfigError("must be a finite number", field=name, got=value)
 
 
 def _positive(name: str, value: int) -> None:

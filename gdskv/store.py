@@ -103,6 +103,10 @@ class CheckReport:
         return not self.corrupt_keys
 
 
+#: What a put finds under its key (:meth:`Store._existing`).
+_ABSENT, _SAME, _REPLACE = "absent", "same", "replace"
+
+
 class Store(OffloadMixin, HbmStoreMixin):
     """An HBM + DRAM + NVMe tiered key-value store for KV-cache blocks. Open with :func:`gdskv.open`."""
 
@@ -126,6 +130,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._counters = Counters()
         self._closed = False
         self._closing = False
+        #: Puts between their reservation and their commit, and reads in progress: close()
+        #: waits for them before it frees the tiers they use outside the lock.
+        self._busy = 0
         self._pending: Deque[DramEntry] = collections.deque()
         self._pending_bytes = 0
         self._inflight: List[DramEntry] = []
@@ -191,10 +198,20 @@ class Store(OffloadMixin, HbmStoreMixin):
         crc = checksum(k, view)
         deadline = time.monotonic() + self.config.put_timeout_s
         with self._lock:
-            self._check_open()
-            if self._settle_existing(k, view.nbytes, crc, overwrite):
-                return
-            entry = self._reserve(k, view.nbytes, crc, deadline)
+            self._check_accepting()
+            while True:
+                existing = self._existing(k, view.nbytes, crc, overwrite)
+                if existing is _SAME:
+                    return
+                entry = self._reserve(k, view.nbytes, crc, deadline)
+                if entry is not None:
+                    break  # else it waited for room, the lock released: the key may have changed
+            if existing is _REPLACE:
+                # Only now that the new value has room do the old copies go (an overwrite
+                # that fails for want of space leaves them as they were).
+                self._remove_locked(k)
+            self._dram.register(entry)
+            self._busy += 1
         try:
             t0 = time.perf_counter()
             self._dram.write(entry, view)
@@ -203,9 +220,14 @@ class Store(OffloadMixin, HbmStoreMixin):
             with self._lock:
                 self._dram.written(entry)
                 self._dram.detach(entry)
+                self._idle()
             raise
         with self._lock:
             self._dram.written(entry)
+            self._idle()
+            if self._closing or self._closed:  # close() began meanwhile: not stored
+                self._dram.detach(entry)
+                raise StoreClosedError("store closed during the put", path=str(self.path), key=k[:64])
             self._counters.add("puts")
             self._counters.add("put_bytes", entry.size)
             self._counters.add("put_seconds", elapsed)
@@ -237,9 +259,10 @@ class Store(OffloadMixin, HbmStoreMixin):
         k = encode_key(key)
         with self._lock:
             self._check_open()
-            entry = self._dram.lookup(k)
             found = self._remove_locked(k)
-            while entry is not None and any(e is entry for e in self._inflight):
+            # Any copy of the key being written (the current value's, or an overwritten one's
+            # that is detached already) is taken back out by the offloader once written.
+            while any(e.key == k for e in self._inflight):
                 self._cond.wait()
             return found
 
@@ -268,17 +291,32 @@ class Store(OffloadMixin, HbmStoreMixin):
             )
 
     def _settle_existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> bool:
-        """Handle a put of a key that may exist. True: nothing more to do (same bytes).
+        """:meth:`_existing`, removing an old value to be replaced at once. True: nothing
+        more to do (the same bytes are stored)."""
+        existing = self._existing(k, size, crc, overwrite)
+        if existing is _REPLACE:
+            self._remove_locked(k)
+        return existing is _SAME
+
+    def _existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> str:
+        """What a put of ``key`` finds (lock held): :data:`_ABSENT`, :data:`_SAME` (these
+        bytes are stored: nothing to do) or :data:`_REPLACE` (a different value, and
+        ``overwrite``; without it, :class:`KeyExistsError`).
         ``crc`` is the new value's CRC, or a function computing it (a device value's CRC
-        needs a copy to the host: computed only when the answer depends on it)."""
+        needs a copy to the host: computed only when the answer depends on it). The same
+        bytes that another put is still copying in are waited for (a put returns once its
+        value is readable); a different value being copied in is treated as stored."""
         entry = self._dram.lookup(k)
+        while entry is not None and not entry.complete and (entry.size, entry.crc) == (size, crc):
+            self._cond.wait(0.05)  # its put commits (or fails, detaching it) and notifies
+            self._check_accepting()
+            entry = self._dram.lookup(k)
         info = self._backend.lookup(k) if self._backend is not None else None
         hbm_size = self._hbm.size_of_key(k) if self._hbm is not None else None
         if entry is None and info is None and hbm_size is None:
-            return False
+            return _ABSENT
         if overwrite and callable(crc):
-            self._remove_locked(k)
-            return False
+            return _REPLACE
         new = crc() if callable(crc) else crc
         if hbm_size is not None:
             same = hbm_size == size and self._hbm_crc(k, hbm_size) == new
@@ -288,19 +326,22 @@ class Store(OffloadMixin, HbmStoreMixin):
             same = info is not None and (info.size, info.crc) == (size, new)
         if same:
             self._counters.add("puts_idempotent")
-            return True
+            return _SAME
         if not overwrite:
             raise KeyExistsError(
                 "a different value is stored under this key (pass overwrite=True to replace it)", key=k[:64]
             )
-        self._remove_locked(k)
-        return False
+        return _REPLACE
 
-    def _reserve(self, k: bytes, size: int, crc: int, deadline: float) -> DramEntry:
-        """Make room for and reserve a DRAM entry, waiting for the offloader if needed."""
+    def _reserve(self, k: bytes, size: int, crc: int, deadline: float) -> Optional[DramEntry]:
+        """Make room for and reserve an unlisted DRAM entry (see
+        :meth:`DramTier.reserve_unlisted`), evicting what may be evicted. None after waiting
+        for the offloader to make room: the lock was released meanwhile, so the caller looks
+        at the key again. Raises :class:`NoSpaceError` past ``deadline``."""
         while True:
-            entry = self._dram.reserve(k, size, crc)
+            entry = self._dram.reserve_unlisted(k, size)
             if entry is not None:
+                entry.crc = crc
                 return entry
             if self._evict_dram(until=lambda: self._dram.fits(size)):
                 continue
@@ -323,7 +364,8 @@ class Store(OffloadMixin, HbmStoreMixin):
                 self._cond.wait(remaining)
             finally:
                 self._space_waiters -= 1
-            self._check_open()
+            self._check_accepting()
+            return None
 
     def _evictable(self, entry: DramEntry) -> bool:
         return self._backend is None or entry.ssd in (SsdState.ON_SSD, SsdState.LOST)
@@ -398,6 +440,16 @@ class Store(OffloadMixin, HbmStoreMixin):
     def _read_batch(self, ks: List[bytes], outs: List[OutBuffer], hbm_looked: bool = False) -> List[Optional[int]]:
         """Read ``ks`` into ``outs`` from the fastest tier holding each; ``hbm_looked``: HBM
         was asked already (and missed), so it is not asked (nor its miss counted) again."""
+        with self._lock:
+            self._check_open()
+            self._busy += 1
+        try:
+            return self._read_tiers(ks, outs, hbm_looked)
+        finally:
+            with self._lock:
+                self._idle()
+
+    def _read_tiers(self, ks: List[bytes], outs: List[OutBuffer], hbm_looked: bool) -> List[Optional[int]]:
         results: List[Optional[int]] = [None] * len(ks)
         dram_hits: List[tuple[int, DramEntry]] = []
         nvme: List[int] = []
@@ -776,6 +828,16 @@ class Store(OffloadMixin, HbmStoreMixin):
         if self._closed:
             raise StoreClosedError("store is closed", path=str(self.path))
 
+    def _check_accepting(self) -> None:
+        """Like :meth:`_check_open`, and no new value once :meth:`close` has begun."""
+        if self._closed or self._closing:
+            raise StoreClosedError("store is closed" if self._closed else "store is closing", path=str(self.path))
+
+    def _idle(self) -> None:
+        """One put or read is over (lock held)."""
+        self._busy -= 1
+        self._cond.notify_all()
+
     def close(self, *, drain: bool = True) -> None:
         """Close the store. With an SSD tier, first evict every HBM object into DRAM and
         write every DRAM-only object to SSD (``drain=False`` skips that: HBM- and DRAM-only
@@ -802,6 +864,8 @@ class Store(OffloadMixin, HbmStoreMixin):
         with self._lock:
             self._closed = True
             self._cond.notify_all()
+            while self._busy:  # puts and reads in progress use the tiers outside the lock
+                self._cond.wait()
         if self._offloader is not None:
             self._offloader.join()
         self._release_resources()

@@ -258,3 +258,145 @@ def test_threads_put_get_and_remove_with_offload_and_eviction(make_store, tmp_pa
     store.close()
     with gdskv.open(tmp_path / "store", **options) as reopened:
         work.verify_final(reopened)
+
+
+# ---------------------------------------------------------------- puts, removes and close racing
+
+
+def test_a_put_that_waited_for_room_looks_at_its_key_again(make_store):
+    """A put waiting for DRAM room releases the lock; a put of the same key may commit
+    meanwhile. The waiter must then see that key (here: KeyExistsError, its bytes differ),
+    never list a second entry under it (the first would be orphaned: never freed, and
+    written to SSD after a remove of the key)."""
+    store = make_store(dram="1MiB", put_timeout_s=10)
+    offload = store._backend.write = Gate(store._backend.write)  # the disk is slow
+    for i in range(14):  # DRAM fills with values still being offloaded
+        store.put(f"fill{i}", bytes([i]) * (64 * KiB))
+    offload.wait_reached()
+    errors = []
+
+    def big():
+        try:
+            store.put("k", b"A" * (200 * KiB))
+        except gdskv.GdskvError as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=big)
+    waiter.start()
+    while store.stats()["puts"]["waited"] == 0:  # it waits for room
+        pass
+    store.put("k", b"B" * 1000)
+    offload.open()
+    waiter.join(10)
+    assert [type(e) for e in errors] == [gdskv.KeyExistsError]
+    assert store.get("k") == b"B" * 1000
+    assert store.remove("k")
+    for i in range(14):
+        store.remove(f"fill{i}")
+    store.flush()
+    assert store.get("k") is None and store.stats()["dram"]["used_bytes"] == 0  # nothing orphaned
+
+
+def test_an_overwrite_without_room_keeps_the_old_value(tmp_path):
+    """The old copies of an overwritten key go only once the new value has room: a put that
+    fails (DRAM full, the disk refusing writes) leaves the old value stored."""
+    from gdskv.config import StoreConfig
+    from gdskv.gds import make_engine
+    from gdskv.gds.faulty import FaultyEngine
+
+    cfg = StoreConfig(dram_bytes=1 << 20, ssd_bytes=64 << 20, put_timeout_s=0.3, bucket_max_age_s=0.01, offload_retry_s=0.05)
+    faulty = FaultyEngine(make_engine("psync", threads=2, direct=True, directory=tmp_path))
+    store = gdskv.Store(tmp_path / "store", cfg, engine=faulty)
+    try:
+        store.put("old", b"x" * 4096)
+        store.flush()
+        faulty.inject("enospc")
+        i = 0
+        with pytest.raises(gdskv.NoSpaceError):
+            while True:  # DRAM fills with values that cannot go to SSD now
+                store.put(f"fill{i}", bytes([i % 256]) * (64 * KiB))
+                i += 1
+        with pytest.raises(gdskv.NoSpaceError):
+            store.put("old", b"y" * (128 * KiB), overwrite=True)
+        assert store.get("old") == b"x" * 4096
+        faulty.clear()
+    finally:
+        store.close()
+    with gdskv.open(tmp_path / "store", dram="1MiB", ssd="64MiB") as reopened:
+        assert reopened.get("old") == b"x" * 4096
+
+
+def test_remove_waits_for_an_overwritten_value_being_written(make_store):
+    """remove() after an overwrite: the old value's bucket may be in flight (its DRAM entry
+    detached already). remove() returns only once the offloader took that copy back out."""
+    store = make_store()
+    store.put("k", b"A" * 10_000)
+    offload = store._backend.write = Gate(store._backend.write, lambda items: any(k == b"k" for k, _, _ in items))
+    offload.wait_reached()  # v1's bucket is being written
+    store.put("k", b"B" * 10_000, overwrite=True)
+    done = []
+    remover = threading.Thread(target=lambda: done.append(store.remove("k")))
+    remover.start()
+    remover.join(0.3)
+    assert remover.is_alive()  # waits for the write of the old value
+    offload.open()
+    remover.join(10)
+    assert done == [True] and store.get("k") is None
+    store.flush()
+    assert b"k" not in store._backend.keys() and store.get("k") is None
+
+
+def test_a_put_of_the_same_bytes_returns_once_they_are_readable(make_store):
+    store = make_store()
+    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"k")
+    first = threading.Thread(target=lambda: store.put("k", b"V" * 5000))
+    first.start()
+    copy.wait_reached()
+    got = []
+    second = threading.Thread(target=lambda: got.append((store.put("k", b"V" * 5000), store.get("k"))))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # waits for the first copy: "idempotent" only once readable
+    copy.open()
+    first.join(10)
+    second.join(10)
+    assert got == [(None, b"V" * 5000)]
+
+
+@pytest.mark.parametrize("during", ["put", "get"])
+def test_close_waits_for_puts_and_reads_in_progress(make_store, tmp_path, during):
+    """close() frees the DRAM arena and the disk tier only after the puts copying into DRAM
+    and the reads copying out of it are done; a put caught by close fails with
+    StoreClosedError (never a bare ValueError, never a silent loss)."""
+    store = make_store()
+    store.put("here", b"H" * 5000)
+    key = b"late" if during == "put" else b"here"
+    if during == "put":
+        gate = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == key)
+    else:
+        gate = store._dram.read_into = Gate(store._dram.read_into, lambda entry, out: entry.key == key)
+    outcome = []
+
+    def work():
+        try:
+            outcome.append(store.put("late", b"L" * 5000) if during == "put" else store.get("here"))
+        except gdskv.GdskvError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    gate.wait_reached()
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # waits for the copy
+    gate.open()
+    worker.join(10)
+    closer.join(10)
+    assert not closer.is_alive()
+    if during == "put":
+        assert len(outcome) == 1 and isinstance(outcome[0], gdskv.StoreClosedError)
+    else:
+        assert outcome == [b"H" * 5000]
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as reopened:
+        assert reopened.get("here") == b"H" * 5000 and reopened.get("late") is None

@@ -35,7 +35,7 @@ def test_format_size():
         ({"backend": "rocksdb"}, "valid"),
         ({"io_engine": "spdk"}, "valid"),
         ({"low_watermark": 0.95, "high_watermark": 0.9}, "watermarks"),
-        ({"dram_bytes": 0}, "positive"),
+        ({"dram_bytes": 0}, "at least 64 bytes"),
         ({"io_threads": 0}, "positive"),
         ({"bucket_max_age_s": 0}, "positive"),
         ({"ssd_bytes": -1}, "non-negative"),
@@ -71,3 +71,33 @@ def test_env_overrides_and_precedence(tmp_path, monkeypatch):
 def test_open_rejects_unknown_option(tmp_path):
     with pytest.raises(ConfigError, match="unknown store option"):
         gdskv.open(tmp_path / "s", dram="4MiB", colour="blue")
+
+
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("dram_bytes", 1),
+        ("dram_bytes", 63),
+        ("high_watermark", "0.9"),
+        ("high_watermark", float("nan")),
+        ("put_timeout_s", None),
+        ("put_timeout_s", float("nan")),
+        ("put_timeout_s", float("inf")),
+        ("bucket_max_age_s", "1"),
+        ("bucket_max_age_s", float("nan")),
+        ("offload_retry_s", None),
+        ("promote_after_reads", None),
+        ("promote_after_reads", 1.5),
+        ("promote_after_reads", True),
+    ],
+)
+def test_numbers_of_the_wrong_type_or_not_finite_are_config_errors(field, bad):
+    with pytest.raises(ConfigError) as info:
+        StoreConfig(**{field: bad})
+    assert info.value.context["field"] == field
+
+
+def test_a_dram_tier_larger_than_the_machine_can_map_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        gdskv.open(tmp_path / "s", dram="1000TiB", ssd=0)
+    assert "DRAM arena" in str(info.value)

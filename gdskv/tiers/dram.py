@@ -29,6 +29,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
+from gdskv.errors import ConfigError
 from gdskv.gds.aligned import DIRECT_ALIGN, map_anonymous
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.policies import EvictionPolicy
@@ -90,7 +91,12 @@ class DramTier:
     def __init__(self, capacity: int, policy: EvictionPolicy, *, huge_pages: bool = True) -> None:
         self.allocator = OffsetAllocator(capacity, alignment=DRAM_ALIGNMENT)
         self.capacity = self.allocator.capacity
-        self._mmap, self.huge_pages_advised = alloc_arena(self.capacity, huge_pages=huge_pages)
+        try:
+            self._mmap, self.huge_pages_advised = alloc_arena(self.capacity, huge_pages=huge_pages)
+        except OSError as exc:  # e.g. more than this machine can map
+            raise ConfigError(
+                f"cannot map a DRAM arena of {self.capacity} bytes: {exc.strerror}", capacity=self.capacity, errno=exc.errno
+            ) from exc
         self.arena = np.frombuffer(self._mmap, dtype=np.uint8)
         self.policy = policy
         self.entries: Dict[bytes, DramEntry] = {}
@@ -111,13 +117,21 @@ class DramTier:
         return entry if entry is not None and entry.complete else None
 
     def reserve(self, key: bytes, size: int, crc: int) -> Optional[DramEntry]:
-        """Allocate room for ``key`` and register a WRITING entry; None if nothing fits."""
-        offset = self.allocator.allocate(size, align=value_alignment(size))
-        if offset is None:
-            return None
-        entry = DramEntry(key, offset, size, crc)
-        self.entries[key] = entry
+        """Allocate room for ``key`` and register a WRITING entry; None if nothing fits.
+        No entry may be listed under ``key`` (see :meth:`register`)."""
+        entry = self.reserve_unlisted(key, size)
+        if entry is not None:
+            entry.crc = crc
+            self.register(entry)
         return entry
+
+    def register(self, entry: DramEntry) -> None:
+        """List an entry of :meth:`reserve_unlisted` under its key. Raises ``RuntimeError``
+        if another entry is listed there: that one would be orphaned, never freed."""
+        current = self.entries.get(entry.key)
+        if current is not None and current is not entry:
+            raise RuntimeError(f"a DRAM entry is listed under {entry.key[:64]!r} already")
+        self.entries[entry.key] = entry
 
     def reserve_unlisted(self, key: bytes, size: int) -> Optional[DramEntry]:
         """Allocate room as :meth:`reserve` does, without registering the entry under

@@ -14,7 +14,9 @@ backend). Primitives and their contracts:
 - ``lookup(key) -> ObjectInfo | None``: size and checksum of a stored object.
 - ``read_batch(items) -> list[int | None]``: fill each ``out`` with the value of ``key`` and
   return its size; ``None`` is a miss: absent, failed its checksum, or unreadable (the last
-  two are counted, logged and the replica dropped). Bytes are verified before a size is
+  two are counted, logged and the replica dropped, except after a failure that says nothing
+  of the replica: :data:`TRANSIENT_ERRNOS`, or any once the backend is closed; those are
+  only counted). Bytes are verified before a size is
   returned, so a returned size always means correct bytes. The base class implements it
   once (groups submitted as they are planned, each read verified as it completes);
   backends provide ``_plan_reads`` (look up, pin, build requests), ``_unpin_reads`` and
@@ -33,6 +35,7 @@ Backends are thread-safe: reads run concurrently with a write and with each othe
 from __future__ import annotations
 
 import dataclasses
+import errno
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -67,6 +70,11 @@ class RecoveryReport:
 
 #: Reads of a batch handed to the engine at once (see :meth:`StorageBackend.read_batch`).
 READ_GROUP = 16
+
+#: Read failures that say nothing about the replica (this process's descriptors or memory
+#: ran short, or a descriptor was closed under the read): the read is a miss, the replica
+#: is kept.
+TRANSIENT_ERRNOS = frozenset({errno.EBADF, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
 
 WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
 ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
@@ -134,8 +142,9 @@ class StorageBackend:
                 self._unpin_reads(pins)
         if bad:
             with self._lock:
-                for j, entry, why in bad:
-                    self._drop_read(pins[j], entry, why)
+                if not self._closed:  # a read cut short by close() says nothing of the replica
+                    for j, entry, why in bad:
+                        self._drop_read(pins[j], entry, why)
         return results
 
     def _plan_reads(
@@ -196,7 +205,8 @@ class StorageBackend:
         ``items[plan[j][0]]``, whose index entry is ``plan[j][1]`` (with ``value_len`` and
         ``crc``). A read is good when the engine moved exactly ``value_len`` bytes and
         CRC32C(key + bytes) matches: its size goes into ``results``. The failed ones are
-        counted and appended to ``bad`` as ``(j, entry, why)``.
+        counted and, unless the failure was transient (:data:`TRANSIENT_ERRNOS`), appended
+        to ``bad`` as ``(j, entry, why)``.
         """
         for k, outcome in future.as_completed():
             j = first + k
@@ -205,7 +215,8 @@ class StorageBackend:
             size = entry.value_len
             if isinstance(outcome, BaseException):
                 self.counters["read_errors"] += 1
-                bad.append((j, entry, f"read failed: {outcome}"))
+                if getattr(outcome, "context", {}).get("errno") not in TRANSIENT_ERRNOS:
+                    bad.append((j, entry, f"read failed: {outcome}"))
             elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1
                 bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))

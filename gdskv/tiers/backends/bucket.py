@@ -438,7 +438,7 @@ class BucketBackend(StorageBackend):
     def _unpin_reads(self, pins: List[_Bucket]) -> None:
         for bucket in pins:
             bucket.readers -= 1
-            if bucket.evicted and bucket.readers == 0:
+            if (bucket.evicted or self._closed) and bucket.readers == 0:
                 bucket.close_fd()
 
     def _drop_read(self, bucket: _Bucket, entry: IndexEntry, why: str) -> None:
@@ -488,7 +488,8 @@ class BucketBackend(StorageBackend):
                 return
             self._closed = True
             for bucket in self._buckets.values():
-                bucket.close_fd()
+                if bucket.readers == 0:  # a bucket being read is closed by its last reader
+                    bucket.close_fd()
         self._sealer.shutdown(wait=True)
         try:
             fsync_dir(self.dir)

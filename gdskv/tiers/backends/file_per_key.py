@@ -22,6 +22,7 @@ Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import os
 from pathlib import Path
@@ -258,16 +259,27 @@ class FilePerKeyBackend(StorageBackend):
             new_entries.add(directory.parent)
 
     def _make_room(self, nbytes: int) -> List[bytes]:
-        """Evict objects in policy order until ``nbytes`` more fit. Lock held."""
+        """Evict objects in policy order until ``nbytes`` more fit. Lock held.
+
+        The victims are chosen first; :attr:`evict_listener` hears all of them before any
+        file is unlinked (two-phase eviction). When even evicting every listed object would
+        not make room (the rest of the cap is reserved by writes in flight),
+        :class:`NoSpaceError` is raised and nothing is evicted."""
         evicted: List[bytes] = []
-        dirs: Set[Path] = set()
-        while self._used + nbytes > self.capacity:
-            key = self._policy.first_victim()
-            if key is None:
-                raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
-            dirs.add(self._unlink(key))
+        freed = 0
+        for key in self._policy.ordered():
+            if self._used - freed + nbytes <= self.capacity:
+                break
             evicted.append(key)
-            self.counters["objects_evicted"] += 1
+            freed += record_size(len(key), self._objects[key].value_len)
+        if self._used - freed + nbytes > self.capacity:
+            raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
+        if not evicted:
+            return evicted
+        if self.evict_listener is not None:
+            self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
+        dirs = {self._unlink(key) for key in evicted}
+        self.counters["objects_evicted"] += len(evicted)
         for parent in dirs:
             _fsync_dir_quietly(parent)
         return evicted
@@ -292,7 +304,12 @@ class FilePerKeyBackend(StorageBackend):
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[int]
     ) -> List[IoRequest]:
         """Requests for ``items[start:end]``, each on its file opened for it (lock held: an
-        eviction cannot unlink a file between lookup and open)."""
+        eviction cannot unlink a file between lookup and open).
+
+        A file that cannot be opened is a miss, counted in ``read_errors``. Only a file that
+        is gone (ENOENT: an overwrite renames over it atomically, and remove and eviction
+        unlink it under the lock held here, so it is really gone) drops the replica; any
+        other failure (EMFILE, EACCES, EIO, ...) may pass, and the intact file is kept."""
         requests: List[IoRequest] = []
         for i in range(start, end):
             key, out = items[i]
@@ -307,8 +324,11 @@ class FilePerKeyBackend(StorageBackend):
                 fd = self.engine.open_file(path, os.O_RDONLY)
             except OSError as exc:
                 self.counters["read_errors"] += 1
-                log.warning("gdskv: cannot open %s: %s", path, exc)
-                self._forget(entry)
+                if exc.errno == errno.ENOENT:
+                    log.warning("gdskv: dropping replica of %r: its file %s is gone", key[:64], path)
+                    self._forget(entry)
+                else:
+                    log.warning("gdskv: cannot open %s (keeping the replica): %s", path, exc)
                 continue
             self._policy.touch(key)
             plan.append((i, entry))
@@ -352,28 +372,51 @@ class FilePerKeyBackend(StorageBackend):
         return True
 
     def check(self) -> List[bytes]:
-        """Verify every file (header, name, value checksum); drop and return corrupt keys."""
+        """Verify every file (header, name, value checksum); drop and return corrupt keys.
+
+        The files are read outside the lock, so a write may rename a newer file into place
+        meanwhile (it updates the index only after its directory fsyncs). Before a failed
+        entry is dropped, under the lock, it must still be current and its path must still
+        hold a file of its sequence number (or none that can be read): otherwise the path
+        holds the new, acknowledged file, which is neither corrupt nor dropped."""
         with self._lock:
             snapshot = list(self._objects.values())
-        corrupt = []
+        failed = []
         for entry in snapshot:
-            path = self.path_of(entry.key)
-            try:
-                with open(path, "rb") as f:
-                    header = decode_head(f.read(RECORD_HEADER.size), path=str(path))
-                    key = f.read(header.key_len)
-                    f.seek(entry.value_offset)
-                    value = f.read(entry.value_len)
-                if (key, header.seq) != (entry.key, entry.seq) or checksum(key, value) != entry.crc:
-                    raise CorruptionError("record does not match the index", path=str(path))
-            except (CorruptionError, OSError) as exc:
-                log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
-                corrupt.append(entry)
+            why = self._verify_file(entry)
+            if why is not None:
+                failed.append((entry, why))
+        corrupt: List[bytes] = []
         with self._lock:
-            for entry in corrupt:
+            for entry, why in failed:
+                if self._objects.get(entry.key) is not entry:
+                    continue  # removed, overwritten or evicted meanwhile: not corrupt
+                path = self.path_of(entry.key)
+                seq = _header_seq(path)
+                if seq is not None and seq != entry.seq:
+                    log.info("gdskv: %s was replaced while check() read it; not dropping it", path)
+                    continue
+                log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
                 self._forget(entry)
-        self.counters["corrupt_reads"] += len(corrupt)
-        return [e.key for e in corrupt]
+                corrupt.append(entry.key)
+            self.counters["corrupt_reads"] += len(corrupt)
+        return corrupt
+
+    def _verify_file(self, entry: IndexEntry) -> Optional[str]:
+        """Why the file of ``entry`` does not hold it (header, key, seq, value checksum), or
+        None when it does. Reads the file without the lock."""
+        path = self.path_of(entry.key)
+        try:
+            with open(path, "rb") as f:
+                header = decode_head(f.read(RECORD_HEADER.size), path=str(path))
+                key = f.read(header.key_len)
+                f.seek(entry.value_offset)
+                value = f.read(entry.value_len)
+            if (key, header.seq) != (entry.key, entry.seq) or checksum(key, value) != entry.crc:
+                raise CorruptionError("record does not match the index", path=str(path))
+        except (CorruptionError, OSError) as exc:
+            return str(exc)
+        return None
 
     @property
     def used_bytes(self) -> int:

@@ -6,7 +6,9 @@ Layout under ``<store>/offset/``::
                   at 4 KiB-aligned offsets chosen by :class:`OffsetAllocator`
     checkpoint    the index, written atomically (temporary file, fsync, rename)
 
-Eviction is object-level (FIFO or LRU) under the byte cap.
+Eviction is object-level (FIFO or LRU) under the byte cap; ``evict_listener`` hears of the
+victims before their space can be given to a new record, also when the write that evicted
+them then fails.
 
 Durability without writing the index on every write. A checkpoint lists every live object
 and a *window*: free extents (about ``window_bytes``, plus room for the batch that caused
@@ -21,15 +23,28 @@ checkpoint:
   leave a fresh window free);
 - ``remove`` writes a *tombstone* record (flag, no value) into the window;
 - space that objects leave (overwritten, removed, dropped) is reused only after the next
-  checkpoint, which no longer lists them, is durable.
+  checkpoint, which no longer lists them, is durable. A checkpoint frees that space (and
+  evicts) before it is written, so it empties the window first and sets the new one only
+  once it is durable: after a checkpoint that failed (no room, an I/O error), nothing is
+  written into the file until one succeeds; the next write or remove takes one first.
 
 Reopening loads the checkpoint, scans only its window (:mod:`window`) for records newer
 than the watermark (each verified: header checksum, key and value CRC32C), applies them in sequence order (a
 record replaces an older one of its key; a tombstone removes it), rebuilds the allocator
-from the survivors, and writes a fresh checkpoint. So every write acknowledged as durable
+from the survivors, and writes a fresh checkpoint. Its watermark, and every sequence
+number after it, is above every one recovery saw (listed objects, and every header in the
+window that checks, tombstones and torn records included), so a number is never reused and
+a later scan never prefers a stale record. So every write acknowledged as durable
 survives a crash, and a removed key never comes back. A value that itself contains a whole
 valid record newer than the watermark could be mistaken for one in the window scan; only
 an adversarial value can do that.
+
+Without a usable checkpoint (unreadable, or missing), recovery starts empty, since the file
+alone cannot tell live records from removed or superseded ones; and it empties the data
+file (truncated, preallocated again, fsynced) before its first checkpoint, because the new
+records restart at sequence number 1 and a later window scan would take the old ones for
+newer. A crash before that checkpoint is durable leaves no usable one, so the next open
+empties the file again.
 
 Readers pin the record they read, so a checkpoint never hands its space to a new write
 while a read is in flight.
@@ -119,13 +134,22 @@ class OffsetBackend(StorageBackend):
     # ------------------------------------------------------------------ recovery
 
     def recover(self) -> RecoveryReport:
-        """Open (or create) the file, rebuild the index, start a fresh checkpoint."""
+        """Open (or create) the file, rebuild the index, start a fresh checkpoint.
+
+        The next sequence number is above the watermark, every listed object and every
+        record header the window scan met (tombstones, torn and cut-off ones included), and
+        the fresh checkpoint's watermark covers them all: no later write reuses a number,
+        so no later scan can prefer a stale record to an acknowledged one. Without a usable
+        checkpoint (missing or unreadable) the data file is emptied before that checkpoint
+        (see the module docstring)."""
         report = RecoveryReport()
         unlink_quietly(self.checkpoint_path.with_name(CHECKPOINT_FILE + ".tmp"))
-        self._open_data_file()
-        entries, window = self._load_checkpoint(report)
+        loaded = self._load_checkpoint(report)  # first: a newer format raises before any file is touched
+        self._open_data_file(empty=loaded is None)
+        entries, window = loaded if loaded is not None else ({}, [])
         assert self._fd is not None
-        found = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        self._next_seq = max(self._next_seq, newest + 1)
         for seq, flags, entry in sorted(found, key=lambda f: f[0]):
             current = entries.get(entry.key)
             if current is not None and current.seq >= seq:
@@ -162,11 +186,26 @@ class OffsetBackend(StorageBackend):
             )
         return report
 
-    def _open_data_file(self) -> None:
+    def _open_data_file(self, *, empty: bool) -> None:
+        """Open (or create) the data file and preallocate it to ``capacity``.
+
+        With ``empty`` (no usable checkpoint), a file that holds anything is first cut to
+        zero length, reallocated and fsynced, before the fresh checkpoint (watermark 0) is
+        written: its old records, removed and superseded ones included, carry sequence
+        numbers that the new ones would restart below, so a later window scan could bring
+        them back. A crash before that checkpoint leaves no usable one either, and the next
+        open empties the file again."""
         try:
             fd = self.engine.open_file(self.data_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise IoError(f"cannot open the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
+        try:
+            if empty and os.fstat(fd).st_size:
+                log.warning("gdskv: no usable checkpoint, emptying the data file %s", self.data_path)
+                os.ftruncate(fd, 0)
+        except OSError as exc:
+            os.close(fd)
+            raise IoError(f"cannot empty the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
         try:
             if os.fstat(fd).st_size < self.capacity:
                 os.posix_fallocate(fd, 0, self.capacity)
@@ -176,13 +215,22 @@ class OffsetBackend(StorageBackend):
                 "cannot preallocate the offset backend's file", path=str(self.data_path),
                 capacity=self.capacity, errno=exc.errno,
             ) from exc
+        if empty:
+            try:
+                os.fsync(fd)  # the emptied file is durable before a checkpoint can follow it
+            except OSError as exc:
+                os.close(fd)
+                raise IoError(f"cannot sync the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
         self._fd = fd
 
-    def _load_checkpoint(self, report: RecoveryReport) -> Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]:
+    def _load_checkpoint(self, report: RecoveryReport) -> Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]]:
+        """The checkpoint's objects and window (and its watermark into ``_watermark`` and
+        ``_next_seq``); None when there is no usable one, and the data file must be emptied."""
         if not self.checkpoint_path.exists():
-            # A new store, or one that crashed before its first checkpoint was durable; one
-            # is written at open before any write, so there is nothing to find either way.
-            return {}, []
+            # A new store, or one that crashed before its first checkpoint was durable (one
+            # is written at open before any write), or a checkpoint deleted from beside its
+            # data: the data file cannot be trusted either way.
+            return None
         try:
             watermark, _capacity, listed = decode_index(self.checkpoint_path.read_bytes(), path=str(self.checkpoint_path))
         except FormatVersionError:
@@ -192,7 +240,7 @@ class OffsetBackend(StorageBackend):
             # empty rather than bring back what was removed.
             log.warning("gdskv: unreadable checkpoint, dropping every object of %s: %s", self.dir, exc)
             report.dropped_corrupt += 1
-            return {}, []
+            return None
         self._watermark = watermark
         self._next_seq = watermark + 1
         entries: Dict[bytes, IndexEntry] = {}
@@ -234,9 +282,17 @@ class OffsetBackend(StorageBackend):
         """Free what the last epoch left, place ``sizes`` (evicting, in policy order, until
         they fit and a window of ``window_bytes`` is free as well), pick the new window and
         persist it all. Without ``sizes`` nothing is evicted. ``_wlock`` held. Returns the
-        batch's offsets and the evicted keys."""
+        batch's offsets and the evicted keys (:attr:`evict_listener` has heard of them).
+
+        The space freed here still holds records that the checkpoint on disk needs (the
+        objects it lists, and this epoch's records and tombstones in its window) until the
+        new one is durable. So the window is emptied first and set only once the new
+        checkpoint is durable: if this raises (:class:`NoSpaceError` after evicting,
+        :class:`IoError` writing the checkpoint), nothing more is written into the data file
+        until a later checkpoint succeeds, as every write and remove then takes one first."""
         evicted: List[bytes] = []
         with self._lock:
+            self._window = []
             still_pinned = []
             for offset in self._deferred:
                 if self._pins.get(offset):
@@ -247,12 +303,8 @@ class OffsetBackend(StorageBackend):
             batch = sum(self._alloc.rounded(s) for s in sizes)
             # Free after the batch is placed: a window's worth (all the rest, at most).
             target = max(0, min(self.capacity - batch, self.window_bytes)) if sizes else 0
-            while self._alloc.free_bytes < target + batch:  # cannot be enough yet: no placing
-                key = self._policy.first_victim()
-                if key is None:
-                    break
-                self._evict(key)
-                evicted.append(key)
+            # Cannot be enough yet: evict, in one go, what brings the free bytes up to it.
+            self._evict(self._victims(target + batch - self._alloc.free_bytes), evicted)
             offsets = self._try_place(sizes)
             while offsets is None or self._alloc.free_bytes < target:  # fragmented, or pinned
                 if offsets is not None:
@@ -262,13 +314,12 @@ class OffsetBackend(StorageBackend):
                 if key is None:
                     offsets = self._try_place(sizes)
                     break
-                self._evict(key)
-                evicted.append(key)
+                self._evict([key], evicted)
                 offsets = self._try_place(sizes)
             if offsets is None:
                 raise NoSpaceError(
                     "no room in the offset backend's file", needed=sum(sizes), free=self._alloc.free_bytes,
-                    largest_free=self._alloc.largest_free, capacity=self.capacity,
+                    largest_free=self._alloc.largest_free, capacity=self.capacity, evicted=len(evicted),
                 )
             window = pick_window(self._alloc.extents(), self.window_bytes)
             for offset, size in zip(offsets, sizes):
@@ -314,16 +365,38 @@ class OffsetBackend(StorageBackend):
                 self._alloc.free(offset)
         return self._checkpoint(sizes)
 
-    def _evict(self, key: bytes) -> None:
-        """Drop ``key`` to make room (it stays listed until the next checkpoint). ``_lock`` held."""
-        entry = self._objects.pop(key)
-        self._policy.remove(key)
-        offset = _record_start(entry)
-        if self._pins.get(offset):
-            self._deferred.append(offset)
-        else:
-            self._alloc.free(offset)
-        self.counters["objects_evicted"] += 1
+    def _victims(self, need: int) -> List[bytes]:
+        """The first objects in policy order whose eviction frees ``need`` bytes (or all of
+        them); a pinned one frees nothing now but goes too. ``_lock`` held."""
+        victims: List[bytes] = []
+        for key in self._policy.ordered():
+            if need <= 0:
+                break
+            victims.append(key)
+            offset = _record_start(self._objects[key])
+            if not self._pins.get(offset):
+                need -= self._alloc.size_of(offset)
+        return victims
+
+    def _evict(self, keys: List[bytes], evicted: List[bytes]) -> None:
+        """Drop ``keys`` to make room, and append them to ``evicted``. ``_lock`` held.
+
+        :attr:`evict_listener` hears of them first, before their space can be given to a
+        new record. They stay listed in the checkpoint on disk until the next one."""
+        if not keys:
+            return
+        if self.evict_listener is not None:
+            self.evict_listener(list(keys))
+        for key in keys:
+            entry = self._objects.pop(key)
+            self._policy.remove(key)
+            offset = _record_start(entry)
+            if self._pins.get(offset):
+                self._deferred.append(offset)
+            else:
+                self._alloc.free(offset)
+        evicted.extend(keys)
+        self.counters["objects_evicted"] += len(keys)
 
     # ------------------------------------------------------------------ writes
 
@@ -368,7 +441,8 @@ class OffsetBackend(StorageBackend):
 
     def _abandon(self, offsets: List[int]) -> None:
         """A failed write: its records may be partly on disk with sequence numbers above the
-        watermark. Checkpoint past them (so a reopen ignores them), then free their space."""
+        watermark. Checkpoint past them (so a reopen ignores them), then free their space.
+        If that checkpoint fails too, the window stays empty (see :meth:`_checkpoint`)."""
         with self._lock:
             self._deferred.extend(offsets)
         try:

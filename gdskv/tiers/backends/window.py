@@ -11,7 +11,9 @@ on reopen only the window needs to be scanned for records newer than the checkpo
   each 4 KiB boundary is a candidate; a candidate counts when its header checks (magic,
   header CRC32C), its sequence number is newer than the watermark, and its key and value
   match their CRC32C (tombstones have no value). A header whose value fails its checksum is
-  a write torn by a crash: counted, skipped.
+  a write torn by a crash: counted, skipped. It also returns the highest sequence number
+  of any header that checks (torn and cut-off records too), so that recovery can number
+  the next writes above everything a later scan could meet.
 
 Window extents are stored in the checkpoint as index entries with an empty key
 (:data:`WINDOW_KEY`; object keys are never empty).
@@ -84,11 +86,15 @@ def merge_extents(extents: List[Extent]) -> List[Extent]:
     return out
 
 
-def scan_window(engine: IoEngine, fd: int, path: str, window: List[Extent], watermark: int, report: RecoveryReport) -> List[Found]:
-    """Records newer than ``watermark`` inside ``window``, in file order."""
+def scan_window(
+    engine: IoEngine, fd: int, path: str, window: List[Extent], watermark: int, report: RecoveryReport
+) -> Tuple[List[Found], int]:
+    """Records newer than ``watermark`` inside ``window``, in file order, and the highest
+    sequence number of any valid header met (whole, torn or cut off by the window's end;
+    0 when none)."""
     found: List[Found] = []
     if not window:
-        return found
+        return found, 0
     largest = max(end - start for start, end in window)
     staging = alloc_aligned(min(largest, SCAN_CHUNK) + (1 << 20))
     try:
@@ -97,7 +103,7 @@ def scan_window(engine: IoEngine, fd: int, path: str, window: List[Extent], wate
             scanner.extent(start, end)
     finally:
         staging.close()
-    return found
+    return found, scanner.newest
 
 
 class _Scanner:
@@ -105,6 +111,7 @@ class _Scanner:
         self.engine, self.fd, self.path, self.watermark = engine, fd, path, watermark
         self.buf, self.found, self.report = buf, found, report
         self.base = self.have = 0  # buf holds file bytes [base, base + have)
+        self.newest = 0  # highest sequence number of a header that checks
 
     def extent(self, start: int, end: int) -> None:
         buf = self.buf
@@ -124,6 +131,7 @@ class _Scanner:
             except CorruptionError:
                 pos += ALIGN
                 continue
+            self.newest = max(self.newest, header.seq)
             tombstone = bool(header.flags & FLAG_TOMBSTONE)
             size = head_size(header.key_len) + (0 if tombstone else align_up(header.value_len))
             if header.seq <= self.watermark or pos + size > end:

@@ -225,6 +225,54 @@ def test_a_read_in_flight_survives_the_eviction_of_its_bucket(backends):
     assert read(b, "k0") is None and read(b, "k1") == block(1, size)
 
 
+def test_a_read_in_flight_survives_close_and_keeps_its_replicas(backends):
+    """close() while a read holds buckets pinned (a get racing Store.close()): the read
+    finishes on descriptors closed only when it leaves, and no replica is dropped."""
+    b = backends.open()
+    write(b, {"a": block(1, 5000), "b": block(2, 5000)})
+    write(b, {"solo": block(3, 5000)})
+    reads = b.engine.submit = Gate(b.engine.submit)
+    got = []
+    outs = [memoryview(bytearray(5000)), memoryview(bytearray(5000))]
+    reader = threading.Thread(target=lambda: got.append(b.read_batch([(b"a", outs[0]), (b"solo", outs[1])])))
+    reader.start()
+    reads.wait_reached()  # both buckets pinned, the reads not issued yet
+    b.close()
+    reads.open()
+    reader.join(10)
+    assert got == [[5000, 5000]] and bytes(outs[0]) == block(1, 5000) and bytes(outs[1]) == block(3, 5000)
+    reopened = backends.open()
+    assert sorted(reopened.keys()) == [b"a", b"b", b"solo"]
+
+
+def test_a_read_that_fails_for_want_of_descriptors_keeps_the_replica(backends, monkeypatch):
+    """EMFILE (or EBADF, ENOMEM...) says nothing of the replica: a miss, counted, kept."""
+    import errno as errno_
+
+    b = backends.open()
+    write(b, {"a": block(1, 5000)})
+    real = b.engine.submit
+
+    def refusing(requests):
+        future = real([])
+        future._parts = [_failed(IoError("read failed: Too many open files", errno=errno_.EMFILE, path="x", offset=0))]
+        return future
+
+    monkeypatch.setattr(b.engine, "submit", refusing)
+    assert read(b, "a") is None and b.stats()["read_errors"] == 1
+    monkeypatch.undo()
+    assert read(b, "a") == block(1, 5000)
+    assert sorted(backends.open().keys()) == [b"a"]
+
+
+def _failed(exc):
+    import concurrent.futures
+
+    fut = concurrent.futures.Future()
+    fut.set_exception(exc)
+    return fut
+
+
 def test_check_drops_only_what_is_corrupt(backends):
     b = backends.open()
     write(b, {"a": block(1, 5000), "b": block(2, 5000)})

@@ -153,3 +153,92 @@ def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_ps
     writer.join(10)
     assert read(backend, b"k", len(new)) == new
     backend.close()
+
+
+def test_a_file_that_cannot_be_opened_for_now_is_kept(tmp_path, direct_psync):
+    """EMFILE (the process is at its descriptor limit) passes: the read is a miss counted in
+    read_errors, but the intact file and its entry stay. Only a file that is gone (ENOENT)
+    drops the replica."""
+    import errno
+    import resource
+
+    backend = open_backend(tmp_path, direct_psync)
+    value = block(1, 5000)
+    backend.write(items({b"k": value}))
+    path = backend.path_of(b"k")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hog = []
+    try:
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, highest + 32), hard))
+        while True:
+            try:
+                hog.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        got = read(backend, b"k", len(value))
+    finally:
+        for fd in hog:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert got is None and backend.counters["read_errors"] == 1
+    assert path.exists() and backend.keys() == [b"k"]
+    assert read(backend, b"k", len(value)) == value
+    os.unlink(path)  # really gone: a miss, and the replica is dropped
+    assert read(backend, b"k", len(value)) is None
+    assert backend.counters["read_errors"] == 2 and backend.keys() == []
+    backend.close()
+
+
+def test_check_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch):
+    """check() reads files outside the lock. An overwrite renames its file into place before
+    it updates the index; a check() in that window finds the new file against the old entry.
+    It must not call it corrupt and unlink it: that file is the value the write is about to
+    acknowledge."""
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gates import Gate
+
+    backend = open_backend(tmp_path, direct_psync)
+    old, new = block(1, 10_000), block(2, 10_000)
+    backend.write(items({b"k": old, b"other": old}))
+    gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
+    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
+    writer.start()
+    try:
+        gate.wait_reached()
+        dropped = backend.check()
+    finally:
+        gate.open()
+        writer.join(10)
+    assert dropped == [] and backend.counters["corrupt_reads"] == 0
+    assert backend.path_of(b"k").exists() and read(backend, b"k", len(new)) == new
+    backend.close()
+    again = open_backend(tmp_path, direct_psync)
+    assert sorted(again.keys()) == [b"k", b"other"] and read(again, b"k", len(new)) == new
+    again.close()
+
+
+def test_the_evict_listener_hears_each_victim_before_its_file_goes(tmp_path, direct_psync):
+    """Two-phase eviction (see base.py): the listener is called, with the lock held, with the
+    keys a write evicts for room, while their files are still on disk."""
+    backend = open_backend(tmp_path, direct_psync, capacity=MiB)
+    heard = []
+
+    def listener(keys):
+        assert backend._lock.locked()
+        heard.append([(key, backend.path_of(key).exists()) for key in keys])
+
+    backend.evict_listener = listener
+    evicted = []
+    for i in range(20):
+        evicted += backend.write(items({f"f{i}".encode(): block(i, 100_000)}))  # ~2 MiB of records
+    assert evicted and [key for call in heard for key, _ in call] == evicted
+    assert all(existed for call in heard for _, existed in call)
+    assert not any(backend.path_of(key).exists() for key in evicted)
+    assert backend.remove(b"f19") and backend.check() == []  # neither is an eviction
+    assert [key for call in heard for key, _ in call] == evicted
+    backend.close()

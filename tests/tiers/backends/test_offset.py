@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -11,8 +17,10 @@ from backend_io import items, read
 from conftest import block
 from gdskv.errors import NoSpaceError
 from gdskv.tiers.backends.offset import OffsetBackend
+from offset_child import value_of
 
 MiB = 1 << 20
+CHILD = Path(__file__).with_name("offset_child.py")
 
 
 def open_backend(root, direct_psync, **kw) -> OffsetBackend:
@@ -235,3 +243,167 @@ def test_close_waits_for_a_read_in_flight(tmp_path, direct_psync):
     gated.release.set()
     reader.join()
     assert got == [value] and backend._fd is None  # noqa: SLF001
+
+
+def test_the_evict_listener_hears_of_each_victim_before_it_goes(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync, capacity=4 * MiB, window_bytes=MiB // 2)
+    heard: List[bytes] = []
+
+    def listener(keys):
+        # Called with the lock held, while the victims are still there.
+        assert backend._lock.locked() and all(k in backend for k in keys)  # noqa: SLF001
+        heard.extend(keys)
+
+    backend.evict_listener = listener
+    evicted = []
+    for i in range(12):
+        evicted += backend.write(items({f"k{i}".encode(): block(i, 500_000)}))
+    assert evicted and heard == evicted
+    backend.close()
+
+
+# --------------------------------------------------------------------------- crashes
+# A child process (offset_child.py) opens the backend, runs steps and is killed with
+# SIGKILL; the files it leaves are reopened here, or by the next child.
+
+Spec = Dict[str, Tuple[int, int]]  # key -> (seed, size) of its value (see offset_child.value_of)
+
+
+def run_child(path, steps: list, *, capacity: int = 16 * MiB, window_bytes: int = MiB) -> List[str]:
+    """Run offset_child.py on ``path`` through ``steps``, SIGKILL it once it says ``ready``
+    (or ``tearing``), and return the lines it printed before."""
+    options = {"path": str(path), "capacity": capacity, "window_bytes": window_bytes, "steps": steps}
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), json.dumps(options)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: List[str] = []
+    assert proc.stdout is not None
+    with proc:
+        for line in proc.stdout:
+            if line.strip() in ("ready", "tearing"):
+                proc.send_signal(signal.SIGKILL)
+                break
+            lines.append(line.rstrip())
+        proc.kill()  # no-op once killed; ends a child that stopped early
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL and "Traceback" not in "\n".join(lines), lines
+    return lines
+
+
+def recovered(lines: List[str]) -> dict:
+    return json.loads(next(line for line in lines if line.startswith("recovered "))[len("recovered "):])
+
+
+def heard(lines: List[str]) -> List[str]:
+    return [key for line in lines if line.startswith("heard ") for key in line.split()[1:]]
+
+
+def verify_holds(backend: OffsetBackend, expected: Spec) -> None:
+    """The backend holds exactly ``expected``, byte-exact."""
+    assert sorted(backend.keys()) == sorted(k.encode() for k in expected)
+    for key, (seed, size) in expected.items():
+        assert read(backend, key.encode(), size) == value_of(seed, size), key
+
+
+def test_writes_after_a_recovery_outrank_what_it_found(tmp_path, direct_psync):
+    """Each session recovers from the last one's SIGKILL (its records found only by the
+    window scan), overwrites ``k`` and removes the last session's key. Its writes and
+    tombstones are numbered above the records recovery found, so the next recovery applies
+    them: neither the old value nor the removed key comes back."""
+    must: Spec = {}
+    for r in range(4):
+        steps: list = [["expect", must]]
+        steps.append(["write", {"k": (r, 5000), f"x{r}": (100 + r, 7000)}])
+        if r:
+            steps.append(["remove", f"x{r - 1}"])
+        out = run_child(tmp_path, steps)
+        assert "expect ok" in out, (r, out)
+        assert r == 0 or "removed True" in out
+        must = {"k": (r, 5000), f"x{r}": (100 + r, 7000)}
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, must)
+    again.close()
+
+
+def test_a_torn_record_is_counted_once_and_numbered_past(tmp_path, direct_psync):
+    """A record whose header reached the disk but not its value is dropped at the first
+    recovery, whose watermark then covers its number: later recoveries skip it."""
+    out = run_child(tmp_path, [["write", {"whole": (1, 9000)}], ["tear", {"torn": (2, 9000)}]])
+    assert "wrote" in out
+    out = run_child(tmp_path, [["expect", {"whole": (1, 9000)}]])
+    assert "expect ok" in out and recovered(out)["dropped_torn"] == 1
+    again = OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB)
+    assert again.recover().dropped_torn == 0
+    verify_holds(again, {"whole": (1, 9000)})
+    again.close()
+
+
+@pytest.mark.parametrize("damage", ["damaged", "missing"])
+def test_without_a_checkpoint_old_records_stay_gone(tmp_path, direct_psync, damage):
+    """With its checkpoint damaged or missing, recovery starts empty and empties the data
+    file: the new records restart at sequence number 1, and a later window scan must not
+    take the old ones (a removed key, a superseded value) for newer ones."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"k": block(1, 5000), b"removed": block(2, 5000), b"old": block(3, 5000)}))
+    backend.write(items({b"k": block(4, 5000)}))
+    assert backend.remove(b"removed")
+    backend.close()
+    checkpoint = tmp_path / "offset" / "checkpoint"
+    if damage == "damaged":
+        data = bytearray(checkpoint.read_bytes())
+        data[40] ^= 0xFF
+        checkpoint.write_bytes(data)
+    else:
+        checkpoint.unlink()
+    out = run_child(tmp_path, [["expect", {}], ["write", {"new": (5, 3000)}]])
+    assert "expect ok" in out and recovered(out)["dropped_corrupt"] == (damage == "damaged")
+    for _ in range(2):  # after the SIGKILL, then after a clean close
+        again = open_backend(tmp_path, direct_psync)
+        verify_holds(again, {"new": (5, 3000)})
+        again.close()
+
+
+def test_a_failed_checkpoint_leaves_this_epochs_tombstone_alone(tmp_path, direct_psync):
+    """A checkpoint frees the space of this epoch's tombstones before it is written. When
+    writing it fails, the checkpoint on disk still lists the removed key and needs the
+    tombstone: the next write must not land on it, or the key comes back after a crash."""
+    backend = open_backend(tmp_path, direct_psync)
+    for i, key in enumerate([b"A", b"K", b"B"]):
+        backend.write(items({key: value_of(i, 5000)}))
+    backend.close()  # A, K, B listed in the checkpoint
+    out = run_child(tmp_path, [
+        ["remove", "K"],  # a tombstone in the window
+        ["fail_checkpoints", 1],
+        ["write_fails", {"big": (9, 3 << 19)}],  # larger than the window: a checkpoint, which fails
+        ["write", {"C": (7, 12288)}],
+    ])
+    assert "removed True" in out and "failed IoError" in out and "wrote" in out
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"A": (0, 5000), "B": (2, 5000), "C": (7, 12288)})
+    again.close()
+
+
+def test_a_checkpoint_without_room_leaves_this_epochs_records_alone(tmp_path, direct_psync):
+    """A checkpoint that evicts and then finds no room (a read pins a record) raises
+    NoSpaceError with the old checkpoint still in force: the evicted keys are reported to
+    the listener, and no later write may land on a record of this epoch (here an
+    acknowledged overwrite of K), or the old value of K is served after a crash."""
+    capacity = 8 * MiB
+    backend = open_backend(tmp_path, direct_psync, capacity=capacity)
+    backend.write(items({b"P": value_of(1, 1_990_000)}))
+    backend.write(items({b"F": value_of(2, 1_500_000)}))
+    backend.write(items({b"K": value_of(3, 5000)}))  # K v1, high in the file
+    assert backend.remove(b"F")
+    backend.close()  # lists P and K v1; the window is low in the file, where F was
+    out = run_child(tmp_path, [
+        ["write", {"K": (4, 5000)}],  # K v2, in the window
+        ["pin", "P", 1_990_000],
+        ["write_fails", {"big": (5, 7_000_000)}],  # evicts P (pinned: no room) and K, then gives up
+        ["unpin"],
+        ["write", {"C": (6, 20000)}],
+    ], capacity=capacity)
+    assert "failed NoSpaceError" in out and "wrote" in out
+    assert sorted(heard(out)) == ["K", "P"]
+    again = open_backend(tmp_path, direct_psync, capacity=capacity)
+    verify_holds(again, {"C": (6, 20000)})
+    again.close()
