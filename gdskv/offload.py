@@ -86,9 +86,8 @@ class OffloadMixin:
                 items = [(e.key, self._dram.view(e), e.crc) for e in batch]
             t0 = time.perf_counter()
             error: Optional[GdskvError] = None
-            evicted: List[bytes] = []
             try:
-                evicted = self._backend.write(items)  # type: ignore[union-attr]
+                self._backend.write(items)  # type: ignore[union-attr]  (evictions: _nvme_evicting)
             except GdskvError as exc:
                 error = exc
             except OSError as exc:
@@ -98,7 +97,7 @@ class OffloadMixin:
             with self._lock:
                 self._inflight = []
                 if error is None:
-                    self._finish_batch(batch, evicted, elapsed)
+                    self._finish_batch(batch, elapsed)
                 else:
                     self._fail_batch(batch, error)
                 self._cond.notify_all()
@@ -153,12 +152,9 @@ class OffloadMixin:
             nbytes += record_size(len(entry.key), entry.size)
         return batch
 
-    def _finish_batch(self, batch: List[DramEntry], evicted: List[bytes], elapsed: float) -> None:
+    def _finish_batch(self, batch: List[DramEntry], elapsed: float) -> None:
         self._offload_error = None
-        for key in evicted:
-            entry = self._dram.lookup(key)
-            if entry is not None and entry.ssd is SsdState.ON_SSD:
-                entry.ssd = SsdState.LOST
+        self._mark_lost()  # what the write evicted (the backend's evict_listener heard it)
         stale: List[bytes] = []
         for entry in batch:
             entry.ssd = SsdState.ON_SSD
@@ -189,6 +185,7 @@ class OffloadMixin:
         """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
         self._offload_error = error
         self._offload_failures += 1
+        self._mark_lost()  # a write can evict before it fails
         pause = self.config.offload_retry_s
         self._offload_paused_until = time.monotonic() + pause
         log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)

@@ -142,6 +142,8 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._offload_failures = 0
         self._offload_paused_until = 0.0
         self._nvme_reads: dict[bytes, int] = {}
+        #: Keys the NVMe tier evicted, for the offloader to mark their DRAM copies LOST.
+        self._nvme_evicted: List[bytes] = []
         self._listeners: List[StoreListener] = []
         self._engine: Optional[IoEngine] = None
         self._backend = None
@@ -172,7 +174,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                     verify_on_open=config.verify_on_open,
                 )
                 self.recovery = self._backend.recover()
-                self._backend.evict_listener = lambda keys: self._notify_evicting(Tier.NVME, keys)
+                self._backend.evict_listener = self._nvme_evicting
                 self._offloader = threading.Thread(target=self._offload_loop, name="gdskv-offload", daemon=True)
                 self._offloader.start()
             elif engine is not None:  # no NVMe tier: nothing to move bytes for
@@ -742,6 +744,21 @@ class Store(OffloadMixin, HbmStoreMixin):
                 listener.on_stored(tier, items)
             except Exception:
                 log.exception("gdskv: store listener failed in on_stored")
+
+    def _nvme_evicting(self, keys: List[bytes]) -> None:
+        """The backend's ``evict_listener``: called with the backend's lock held and not the
+        store's (taking it here could deadlock), so the keys are only noted, for
+        :meth:`_mark_lost`, and the listeners told. Also hears evictions by a write that
+        then fails."""
+        self._nvme_evicted.extend(keys)
+        self._notify_evicting(Tier.NVME, keys)
+
+    def _mark_lost(self) -> None:
+        """DRAM copies whose NVMe copy was evicted are no longer backed by it (lock held)."""
+        while self._nvme_evicted:
+            entry = self._dram.lookup(self._nvme_evicted.pop())
+            if entry is not None and entry.ssd is SsdState.ON_SSD:
+                entry.ssd = SsdState.LOST
 
     def _notify_evicting(self, tier: Tier, keys: List[bytes]) -> None:
         for listener in self._listeners if keys else ():

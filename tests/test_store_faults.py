@@ -200,3 +200,30 @@ def test_direct_io_off_on_tmpfs(make_store):
             assert not engine["direct"] and "direct_io off" in engine["reason"]
         with gdskv.open(d, dram="4MiB", ssd="16MiB", direct_io=False, promote_after_reads=0) as store:
             assert store.get("t") == block(40, 12_345)
+
+
+def test_a_write_that_evicts_and_then_fails_leaves_the_evicted_copies_unbacked(tmp_path):
+    """The bucket backend evicts before it writes. When that write then fails, the DRAM
+    copies of what it evicted are no longer backed by NVMe (LOST), as after a write that
+    succeeds: the store learns of evictions from the backend's evict_listener."""
+    from gdskv.tiers.dram import SsdState
+
+    store, faulty = open_faulty(tmp_path, "bucket", "psync", ssd_bytes=2 << 20, bucket_bytes=1 << 20)
+    try:
+        old = block(1, 900 << 10)
+        store.put("old", old)
+        store.flush()
+        assert store._dram.lookup(b"old").ssd is SsdState.ON_SSD
+        store.put("mid", block(2, 900 << 10))
+        store.flush()
+        faulty.inject("enospc", op=IoOp.WRITE)
+        store.put("new", block(3, 900 << 10))  # its bucket evicts the oldest one, then fails
+        with pytest.raises(gdskv.GdskvError):
+            store.flush(timeout=5)
+        with store._lock:
+            assert b"old" not in store._backend.keys()
+            assert store._dram.lookup(b"old").ssd is SsdState.LOST
+        assert store.get("old") == old  # still served from DRAM
+        faulty.clear()
+    finally:
+        store.close()
