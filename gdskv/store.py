@@ -130,9 +130,14 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._counters = Counters()
         self._closed = False
         self._closing = False
+        #: Set first by close(): no new put is taken (the ones copying in are drained).
+        self._refusing = False
         #: Puts between their reservation and their commit, and reads in progress: close()
-        #: waits for them before it frees the tiers they use outside the lock.
-        self._busy = 0
+        #: waits for them (puts before it drains, reads before it frees the tiers).
+        self._putting = 0
+        self._reading = 0
+        self._idle_waiter = False  # close() waits for one of them to reach 0
+        self._copy_waiters = 0  # puts waiting for the same bytes to finish copying in
         self._pending: Deque[DramEntry] = collections.deque()
         self._pending_bytes = 0
         self._inflight: List[DramEntry] = []
@@ -208,12 +213,16 @@ class Store(OffloadMixin, HbmStoreMixin):
                 entry = self._reserve(k, view.nbytes, crc, deadline)
                 if entry is not None:
                     break  # else it waited for room, the lock released: the key may have changed
-            if existing is _REPLACE:
-                # Only now that the new value has room do the old copies go (an overwrite
-                # that fails for want of space leaves them as they were).
-                self._remove_locked(k)
-            self._dram.register(entry)
-            self._busy += 1
+            try:
+                if existing is _REPLACE:
+                    # Only now that the new value has room do the old copies go (an overwrite
+                    # that fails for want of space leaves them as they were).
+                    self._remove_locked(k)
+                self._dram.register(entry)
+            except BaseException:
+                self._dram.discard_unlisted(entry)
+                raise
+            self._putting += 1
         try:
             t0 = time.perf_counter()
             self._dram.write(entry, view)
@@ -222,14 +231,11 @@ class Store(OffloadMixin, HbmStoreMixin):
             with self._lock:
                 self._dram.written(entry)
                 self._dram.detach(entry)
-                self._idle()
+                self._put_done()
             raise
         with self._lock:
             self._dram.written(entry)
-            self._idle()
-            if self._closing or self._closed:  # close() began meanwhile: not stored
-                self._dram.detach(entry)
-                raise StoreClosedError("store closed during the put", path=str(self.path), key=k[:64])
+            self._put_done()
             self._counters.add("puts")
             self._counters.add("put_bytes", entry.size)
             self._counters.add("put_seconds", elapsed)
@@ -293,7 +299,8 @@ class Store(OffloadMixin, HbmStoreMixin):
             )
 
     def _settle_existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> bool:
-        """:meth:`_existing`, removing an old value to be replaced at once. True: nothing
+        """:meth:`_existing`, removing an old value to be replaced at once (for device puts:
+        their value goes to the HBM tier, with no DRAM room to reserve first). True: nothing
         more to do (the same bytes are stored)."""
         existing = self._existing(k, size, crc, overwrite)
         if existing is _REPLACE:
@@ -310,7 +317,11 @@ class Store(OffloadMixin, HbmStoreMixin):
         value is readable); a different value being copied in is treated as stored."""
         entry = self._dram.lookup(k)
         while entry is not None and not entry.complete and (entry.size, entry.crc) == (size, crc):
-            self._cond.wait(0.05)  # its put commits (or fails, detaching it) and notifies
+            self._copy_waiters += 1
+            try:
+                self._cond.wait(0.05)  # its put commits (or fails, detaching it) and notifies
+            finally:
+                self._copy_waiters -= 1
             self._check_accepting()
             entry = self._dram.lookup(k)
         info = self._backend.lookup(k) if self._backend is not None else None
@@ -444,12 +455,14 @@ class Store(OffloadMixin, HbmStoreMixin):
         was asked already (and missed), so it is not asked (nor its miss counted) again."""
         with self._lock:
             self._check_open()
-            self._busy += 1
+            self._reading += 1
         try:
             return self._read_tiers(ks, outs, hbm_looked)
         finally:
             with self._lock:
-                self._idle()
+                self._reading -= 1
+                if self._idle_waiter and not self._reading:
+                    self._cond.notify_all()
 
     def _read_tiers(self, ks: List[bytes], outs: List[OutBuffer], hbm_looked: bool) -> List[Optional[int]]:
         results: List[Optional[int]] = [None] * len(ks)
@@ -847,26 +860,36 @@ class Store(OffloadMixin, HbmStoreMixin):
 
     def _check_accepting(self) -> None:
         """Like :meth:`_check_open`, and no new value once :meth:`close` has begun."""
-        if self._closed or self._closing:
+        if self._closed or self._refusing:
             raise StoreClosedError("store is closed" if self._closed else "store is closing", path=str(self.path))
 
-    def _idle(self) -> None:
-        """One put or read is over (lock held)."""
-        self._busy -= 1
-        self._cond.notify_all()
+    def _put_done(self) -> None:
+        """A put's copy is over (lock held): wake whoever waits for it."""
+        self._putting -= 1
+        if self._copy_waiters or (self._idle_waiter and not self._putting):
+            self._cond.notify_all()
+
+    def _wait_idle(self, counter: str) -> None:
+        """Wait until no put (``"_putting"``) or read (``"_reading"``) is in progress (lock held)."""
+        self._idle_waiter = True
+        try:
+            while getattr(self, counter):
+                self._cond.wait()
+        finally:
+            self._idle_waiter = False
 
     def close(self, *, drain: bool = True) -> None:
         """Close the store. With an SSD tier, first evict every HBM object into DRAM and
         write every DRAM-only object to SSD (``drain=False`` skips that: HBM- and DRAM-only
         objects are then lost). Idempotent."""
         with self._lock:
-            if self._closed or self._closing:
+            if self._closed or self._refusing:
                 return
+            self._refusing = True  # no new put; the ones copying in commit, and are drained
+            self._wait_idle("_putting")
         if drain and self._hbm is not None and self._backend is not None:
             self._drain_hbm(patience_s=max(self.config.put_timeout_s, 5.0))
         with self._lock:
-            if self._closed or self._closing:
-                return
             self._closing = True
             if drain and self._backend is not None:
                 for entry in list(self._dram.entries.values()):
@@ -881,8 +904,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         with self._lock:
             self._closed = True
             self._cond.notify_all()
-            while self._busy:  # puts and reads in progress use the tiers outside the lock
-                self._cond.wait()
+            self._wait_idle("_reading")  # reads copy out of the tiers outside the lock
         if self._offloader is not None:
             self._offloader.join()
         self._release_resources()

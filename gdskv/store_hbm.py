@@ -93,12 +93,17 @@ class HbmStoreMixin:
         if size > hbm.capacity:
             raise InvalidValueError("value larger than the HBM tier", key=k[:64], size=size, capacity=hbm.capacity)
         with self._lock:
-            self._check_open()
+            self._check_accepting()
             if self._settle_existing(k, size, lambda: checksum(k, hbm.pool.download(value)), overwrite):
                 return
-        t0 = time.perf_counter()
-        hbm.put(k, value)
-        elapsed = time.perf_counter() - t0
+            self._putting += 1
+        try:
+            t0 = time.perf_counter()
+            hbm.put(k, value)
+            elapsed = time.perf_counter() - t0
+        finally:
+            with self._lock:
+                self._put_done()
         with self._lock:
             self._counters.add("puts")
             self._counters.add("hbm_puts")

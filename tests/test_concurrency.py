@@ -365,9 +365,10 @@ def test_a_put_of_the_same_bytes_returns_once_they_are_readable(make_store):
 
 @pytest.mark.parametrize("during", ["put", "get"])
 def test_close_waits_for_puts_and_reads_in_progress(make_store, tmp_path, during):
-    """close() frees the DRAM arena and the disk tier only after the puts copying into DRAM
-    and the reads copying out of it are done; a put caught by close fails with
-    StoreClosedError (never a bare ValueError, never a silent loss)."""
+    """close() takes no new put, but the puts copying into DRAM when it begins commit and are
+    drained to SSD (an overwrite among them has removed the old value already), and reads
+    copying out of DRAM finish before the arena is freed (never a bare ValueError, never a
+    silent loss)."""
     store = make_store()
     store.put("here", b"H" * 5000)
     key = b"late" if during == "put" else b"here"
@@ -394,9 +395,48 @@ def test_close_waits_for_puts_and_reads_in_progress(make_store, tmp_path, during
     worker.join(10)
     closer.join(10)
     assert not closer.is_alive()
-    if during == "put":
-        assert len(outcome) == 1 and isinstance(outcome[0], gdskv.StoreClosedError)
-    else:
-        assert outcome == [b"H" * 5000]
+    assert outcome == ([None] if during == "put" else [b"H" * 5000])
+    with pytest.raises(gdskv.StoreClosedError):
+        store.put("after", b"A")
     with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as reopened:
-        assert reopened.get("here") == b"H" * 5000 and reopened.get("late") is None
+        assert reopened.get("here") == b"H" * 5000
+        assert reopened.get("late") == (b"L" * 5000 if during == "put" else None)
+
+
+def test_an_overwrite_that_fails_to_remove_the_old_copy_gives_its_room_back(make_store, monkeypatch):
+    store = make_store()
+    store.put("k", b"A" * 4096)
+    store.flush()
+    used = store.stats()["dram"]["used_bytes"]
+
+    def failing(key):
+        raise gdskv.IoError("remove failed", path="x")
+
+    monkeypatch.setattr(store._backend, "remove", failing)
+    for _ in range(3):
+        with pytest.raises(gdskv.IoError):
+            store.put("k", b"B" * 4096, overwrite=True)
+    assert store.stats()["dram"]["used_bytes"] <= used  # no reservation left behind (3 x 4 KiB before)
+    monkeypatch.undo()
+    assert store.get("k") == b"A" * 4096
+
+
+def test_an_overwrite_caught_by_close_is_drained(make_store, tmp_path):
+    """The old value went when the overwrite made room; close() lets the new one commit
+    and writes it, so the key is never lost."""
+    store = make_store()
+    store.put("k", b"A" * 5000)
+    store.flush()
+    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"k")
+    writer = threading.Thread(target=lambda: store.put("k", b"B" * 5000, overwrite=True))
+    writer.start()
+    copy.wait_reached()
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()
+    copy.open()
+    writer.join(10)
+    closer.join(10)
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as reopened:
+        assert reopened.get("k") == b"B" * 5000

@@ -9,8 +9,8 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
 - ``IoFuture.result(timeout=None) -> list[int]``: the byte count of each request, in order,
   once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
   makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths;
-  a request whose buffers cannot be used (a read into read-only memory, memory that is not
-  one contiguous run of bytes) fails alone with :class:`gdskv.errors.InvalidValueError`
+  a request whose buffers cannot be used (not flat byte views, or read-only memory to read
+  into) fails alone with :class:`gdskv.errors.InvalidValueError`
   (:func:`request_error`). Empty buffers are allowed and move nothing.
   Futures also offer ``done()``, ``as_completed()`` (each request's outcome as it
   finishes) and can be awaited from asyncio.
@@ -96,12 +96,21 @@ def request_error(request: IoRequest, offset: int, exc: BaseException) -> GdskvE
 
 
 def check_buffers(request: IoRequest) -> None:
-    """Raise :class:`InvalidValueError` if ``request`` is a read into read-only memory
-    (the kernel would write into it anyway: bytes objects are immutable)."""
-    if request.op is IoOp.READ:
-        for buf in request.buffers:
-            if buf.readonly:
-                raise InvalidValueError("read into read-only memory", path=request.path, offset=request.offset)
+    """Raise :class:`InvalidValueError` unless every buffer of ``request`` is a flat byte
+    view (``memoryview.cast("B")`` makes one of any contiguous buffer) and, for a read,
+    writable (the kernel would write into read-only memory anyway: bytes are immutable)."""
+    reading = request.op is IoOp.READ
+    for buf in request.buffers:
+        if not usable(buf, reading):
+            raise InvalidValueError(
+                "buffers must be flat byte views" + (", writable to read into" if reading else ""),
+                path=request.path, offset=request.offset, format=buf.format, ndim=buf.ndim, readonly=buf.readonly,
+            )
+
+
+def usable(buf: memoryview, reading: bool) -> bool:
+    """Whether ``buf`` is a flat byte view, writable if ``reading``."""
+    return buf.format == "B" and buf.ndim == 1 and not (reading and buf.readonly)
 
 
 class IoFuture:

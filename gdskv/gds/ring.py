@@ -46,7 +46,7 @@ from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequen
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import IoFuture, IoOp, IoRequest, check_buffers, request_error
+from gdskv.gds.engine import IoFuture, IoOp, IoRequest, check_buffers, request_error, usable
 from gdskv.gds.iovec import Template
 
 _READ = IoOp.READ
@@ -273,8 +273,8 @@ class Ring:
                             future._resolve(index, request_error(request, request.offset, exc))
                             continue
                     dst = buffers[0]
-                    if dst.readonly:
-                        future._resolve(index, request_error(request, request.offset, BufferError("read-only memory")))
+                    if not usable(dst, True):
+                        future._resolve(index, request_error(request, request.offset, BufferError("not a writable flat byte view")))
                         continue
                     offset = request.offset
                     lo = offset - offset % DIRECT_ALIGN

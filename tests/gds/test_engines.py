@@ -216,6 +216,21 @@ def test_a_read_into_read_only_memory_fails_alone(engine, datafile):
     assert outcomes[1] == 4096 and bytes(good) == block(21, 8192)[4096:]
 
 
+@pytest.mark.parametrize("size", [4096, 256 * 1024])  # a small read and a large one
+def test_buffers_that_are_not_flat_byte_views_fail_alone(engine, datafile, size):
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(24, 2 * size)), path=path)])
+    floats = memoryview(np.zeros(size // 4, dtype=np.float32))
+    square = memoryview(np.zeros((size // 64, 64), dtype=np.uint8))
+    good = bytearray(size)
+    outcomes = engine.submit(
+        [IoRequest.read(fd, 0, floats, path=path), IoRequest.read(fd, 0, square, path=path), IoRequest.read(fd, size, memoryview(good), path=path)]
+    ).outcomes()
+    assert all(isinstance(o, InvalidValueError) for o in outcomes[:2])
+    assert outcomes[2] == size and bytes(good) == block(24, 2 * size)[size:]
+    assert engine.run([IoRequest.read(fd, 0, floats.cast("B"), path=path)]) == [size]  # as bytes, fine
+
+
 def test_a_closed_descriptor_is_an_io_error(engine, datafile, tmp_path):
     engine.run([IoRequest.write(datafile[0], 0, memoryview(block(23, 4096)), path=datafile[1])])  # rings made first
     fd = os.open(tmp_path / "gone", os.O_RDWR | os.O_CREAT)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from crc32c import crc32c
 
-from gdskv.errors import StoreClosedError
+from gdskv.errors import InvalidValueError, StoreClosedError
 
 if TYPE_CHECKING:
     from gdskv.gds.engine import IoRequest
@@ -205,8 +205,8 @@ class StorageBackend:
         ``items[plan[j][0]]``, whose index entry is ``plan[j][1]`` (with ``value_len`` and
         ``crc``). A read is good when the engine moved exactly ``value_len`` bytes and
         CRC32C(key + bytes) matches: its size goes into ``results``. The failed ones are
-        counted and, unless the failure was transient (:data:`TRANSIENT_ERRNOS`), appended
-        to ``bad`` as ``(j, entry, why)``.
+        counted and, unless the failure says nothing of the replica (:data:`TRANSIENT_ERRNOS`,
+        or an ``out`` the engine could not use), appended to ``bad`` as ``(j, entry, why)``.
         """
         for k, outcome in future.as_completed():
             j = first + k
@@ -215,7 +215,7 @@ class StorageBackend:
             size = entry.value_len
             if isinstance(outcome, BaseException):
                 self.counters["read_errors"] += 1
-                if getattr(outcome, "context", {}).get("errno") not in TRANSIENT_ERRNOS:
+                if not isinstance(outcome, InvalidValueError) and getattr(outcome, "context", {}).get("errno") not in TRANSIENT_ERRNOS:
                     bad.append((j, entry, f"read failed: {outcome}"))
             elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1

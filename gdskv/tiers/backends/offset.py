@@ -232,10 +232,14 @@ class OffsetBackend(StorageBackend):
             # data: the data file cannot be trusted either way.
             return None
         try:
-            watermark, _capacity, listed = decode_index(self.checkpoint_path.read_bytes(), path=str(self.checkpoint_path))
+            raw = self.checkpoint_path.read_bytes()
+        except OSError as exc:  # it may be readable later: fail the open, touch nothing
+            raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(self.checkpoint_path), errno=exc.errno) from exc
+        try:
+            watermark, _capacity, listed = decode_index(raw, path=str(self.checkpoint_path))
         except FormatVersionError:
             raise
-        except (CorruptionError, OSError) as exc:
+        except CorruptionError as exc:
             # Without its index the file cannot tell live records from removed ones: start
             # empty rather than bring back what was removed.
             log.warning("gdskv: unreadable checkpoint, dropping every object of %s: %s", self.dir, exc)

@@ -265,6 +265,13 @@ def test_a_read_that_fails_for_want_of_descriptors_keeps_the_replica(backends, m
     assert sorted(backends.open().keys()) == [b"a"]
 
 
+def test_a_read_into_an_unusable_buffer_keeps_the_replica(backends):
+    b = backends.open()
+    write(b, {"a": block(1, 5000)})
+    assert b.read_batch([(b"a", memoryview(bytes(5000)))]) == [None]  # read-only: the caller's fault
+    assert read(b, "a") == block(1, 5000)
+
+
 def _failed(exc):
     import concurrent.futures
 

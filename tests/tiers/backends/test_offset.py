@@ -363,6 +363,30 @@ def test_without_a_checkpoint_old_records_stay_gone(tmp_path, direct_psync, dama
         again.close()
 
 
+def test_a_checkpoint_that_cannot_be_read_fails_the_open_and_touches_nothing(tmp_path, direct_psync):
+    """Only a damaged or missing checkpoint empties the data file; one that cannot be read
+    now (here: a directory in its place) may be readable later, so the open fails."""
+    from gdskv.errors import IoError
+
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"k": value_of(1, 5000)}))
+    backend.close()
+    checkpoint = tmp_path / "offset" / "checkpoint"
+    saved = checkpoint.read_bytes()
+    data = tmp_path / "offset" / "data"
+    before = data.read_bytes()
+    checkpoint.unlink()
+    checkpoint.mkdir()
+    with pytest.raises(IoError):
+        open_backend(tmp_path, direct_psync)
+    assert data.read_bytes() == before
+    checkpoint.rmdir()
+    checkpoint.write_bytes(saved)
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"k": (1, 5000)})
+    again.close()
+
+
 def test_a_failed_checkpoint_leaves_this_epochs_tombstone_alone(tmp_path, direct_psync):
     """A checkpoint frees the space of this epoch's tombstones before it is written. When
     writing it fails, the checkpoint on disk still lists the removed key and needs the
