@@ -869,11 +869,11 @@ class Store(OffloadMixin, HbmStoreMixin):
         if self._copy_waiters or (self._idle_waiter and not self._putting):
             self._cond.notify_all()
 
-    def _wait_idle(self, counter: str) -> None:
-        """Wait until no put (``"_putting"``) or read (``"_reading"``) is in progress (lock held)."""
+    def _wait_idle(self, in_progress: Callable[[], int]) -> None:
+        """Wait until ``in_progress()`` (the puts or the reads in progress) is 0 (lock held)."""
         self._idle_waiter = True
         try:
-            while getattr(self, counter):
+            while in_progress():
                 self._cond.wait()
         finally:
             self._idle_waiter = False
@@ -886,7 +886,7 @@ class Store(OffloadMixin, HbmStoreMixin):
             if self._closed or self._refusing:
                 return
             self._refusing = True  # no new put; the ones copying in commit, and are drained
-            self._wait_idle("_putting")
+            self._wait_idle(lambda: self._putting)
         if drain and self._hbm is not None and self._backend is not None:
             self._drain_hbm(patience_s=max(self.config.put_timeout_s, 5.0))
         with self._lock:
@@ -904,7 +904,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         with self._lock:
             self._closed = True
             self._cond.notify_all()
-            self._wait_idle("_reading")  # reads copy out of the tiers outside the lock
+            self._wait_idle(lambda: self._reading)  # reads copy out of the tiers outside the lock
         if self._offloader is not None:
             self._offloader.join()
         self._release_resources()

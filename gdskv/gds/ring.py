@@ -273,13 +273,10 @@ class Ring:
                             future._resolve(index, request_error(request, request.offset, exc))
                             continue
                     dst = buffers[0]
-                    if not usable(dst, True):
-                        future._resolve(index, request_error(request, request.offset, BufferError("not a writable flat byte view")))
-                        continue
                     offset = request.offset
                     lo = offset - offset % DIRECT_ALIGN
                     hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
-                    if direct and dst.nbytes and hi - lo <= small:
+                    if direct and dst.nbytes and hi - lo <= small and usable(dst, True):  # else check_buffers says why
                         backlog.append(_Small(future, index, request, dst, lo, hi))
                         continue
                 req = _Req(future, index, request)

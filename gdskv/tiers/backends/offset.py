@@ -39,12 +39,13 @@ survives a crash, and a removed key never comes back. A value that itself contai
 valid record newer than the watermark could be mistaken for one in the window scan; only
 an adversarial value can do that.
 
-Without a usable checkpoint (unreadable, or missing), recovery starts empty, since the file
+Without a usable checkpoint (damaged, or missing), recovery starts empty, since the file
 alone cannot tell live records from removed or superseded ones; and it empties the data
 file (truncated, preallocated again, fsynced) before its first checkpoint, because the new
 records restart at sequence number 1 and a later window scan would take the old ones for
 newer. A crash before that checkpoint is durable leaves no usable one, so the next open
-empties the file again.
+empties the file again. A checkpoint that exists but cannot be read now (an I/O error)
+fails the open with :class:`IoError` and touches nothing: it may be readable later.
 
 Readers pin the record they read, so a checkpoint never hands its space to a new write
 while a read is in flight.
@@ -140,7 +141,7 @@ class OffsetBackend(StorageBackend):
         record header the window scan met (tombstones, torn and cut-off ones included), and
         the fresh checkpoint's watermark covers them all: no later write reuses a number,
         so no later scan can prefer a stale record to an acknowledged one. Without a usable
-        checkpoint (missing or unreadable) the data file is emptied before that checkpoint
+        checkpoint (missing or damaged) the data file is emptied before that checkpoint
         (see the module docstring)."""
         report = RecoveryReport()
         unlink_quietly(self.checkpoint_path.with_name(CHECKPOINT_FILE + ".tmp"))
@@ -242,7 +243,7 @@ class OffsetBackend(StorageBackend):
         except CorruptionError as exc:
             # Without its index the file cannot tell live records from removed ones: start
             # empty rather than bring back what was removed.
-            log.warning("gdskv: unreadable checkpoint, dropping every object of %s: %s", self.dir, exc)
+            log.warning("gdskv: damaged checkpoint, dropping every object of %s: %s", self.dir, exc)
             report.dropped_corrupt += 1
             return None
         self._watermark = watermark
