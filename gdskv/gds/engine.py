@@ -56,8 +56,11 @@ class IoRequest(NamedTuple):
     """One vectored read or write at ``offset`` of the open file ``fd``.
 
     ``buffers`` are byte views (writable ones for reads); their lengths add up to the
-    transfer size. ``path`` is only used in error messages. Immutable (a named tuple: cheap
-    to build, which matters at hundreds of thousands of requests per second).
+    transfer size. ``path`` is only used in error messages. ``direct`` says whether ``fd``
+    is ``O_DIRECT`` when the caller knows (it opened the file and kept the answer of
+    :func:`~gdskv.gds.aligned.is_direct_fd`); None lets the engine ask the kernel, once
+    per file and batch. Immutable (a named tuple: cheap to build, which matters at hundreds
+    of thousands of requests per second).
     """
 
     op: IoOp
@@ -65,6 +68,7 @@ class IoRequest(NamedTuple):
     offset: int
     buffers: Sequence[memoryview]
     path: str = ""
+    direct: Optional[bool] = None
 
     @property
     def nbytes(self) -> int:

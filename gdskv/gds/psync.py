@@ -70,7 +70,8 @@ class PsyncEngine(IoEngine):
         (:func:`request_error`)."""
         try:
             check_buffers(request)
-            if is_direct_fd(request.fd) and not is_aligned(request.offset, request.buffers):
+            is_direct = is_direct_fd(request.fd) if request.direct is None else request.direct
+            if is_direct and not is_aligned(request.offset, request.buffers):
                 if request.op is IoOp.READ:
                     return self._execute_bounced(request)
                 for part, direct in split_write(request):  # aligned parts straight from memory

@@ -265,7 +265,9 @@ class Ring:
             for index, request in enumerate(requests):
                 buffers = request.buffers
                 if request.op is _READ and len(buffers) == 1:
-                    direct = direct_fds.get(request.fd)
+                    direct = request.direct
+                    if direct is None:
+                        direct = direct_fds.get(request.fd)
                     if direct is None:
                         try:
                             direct = direct_fds[request.fd] = is_direct_fd(request.fd)
@@ -306,7 +308,9 @@ class Ring:
         nbytes = req.nbytes = buffers[0].nbytes if len(buffers) == 1 else sum(b.nbytes for b in buffers)
         if nbytes == 0:
             return []
-        direct = direct_fds.get(r.fd)
+        direct = r.direct
+        if direct is None:
+            direct = direct_fds.get(r.fd)
         if direct is None:
             direct = direct_fds[r.fd] = is_direct_fd(r.fd)
         if not direct or is_aligned(r.offset, buffers):  # (never more than IOV_MAX buffers)

@@ -57,6 +57,56 @@ def test_open_file_uses_o_direct_only_when_asked(engine, datafile):
     assert engine.describe()["direct"] == engine.direct
 
 
+def test_open_file_asks_for_no_access_time_updates(engine, datafile, tmp_path, monkeypatch):
+    """Data files are opened O_NOATIME (reads never touch the inode); where the kernel
+    refuses it (EPERM: not the file's owner) the file is opened without it."""
+    import fcntl
+
+    from gdskv.gds import aligned
+
+    fd, _ = datafile
+    assert fcntl.fcntl(fd, fcntl.F_GETFL) & aligned.O_NOATIME
+    real_open = os.open
+
+    def refuse_noatime(path, flags, mode=0o777):
+        if flags & aligned.O_NOATIME:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(aligned.os, "open", refuse_noatime)
+    other = engine.open_file(tmp_path / "not-ours", os.O_RDWR | os.O_CREAT)
+    try:
+        assert not fcntl.fcntl(other, fcntl.F_GETFL) & aligned.O_NOATIME
+        assert is_direct_fd(other) == engine.direct
+    finally:
+        os.close(other)
+
+
+def test_a_request_that_says_whether_its_file_is_direct_is_believed(engine, datafile, monkeypatch):
+    """``IoRequest.direct`` spares the engine its fcntl per file and batch; unset, the
+    engine asks the kernel."""
+    import gdskv.gds.psync as psync_module
+    import gdskv.gds.ring as ring_module
+
+    fd, path = datafile
+    data = block(3, 3 * 4096)
+    engine.run([IoRequest.write(fd, 0, memoryview(data), path=path)])
+    asked = []
+
+    def counting(fd_):
+        asked.append(fd_)
+        return is_direct_fd(fd_)
+
+    monkeypatch.setattr(ring_module, "is_direct_fd", counting)
+    monkeypatch.setattr(psync_module, "is_direct_fd", counting)
+    out = bytearray(5000)
+    told = IoRequest(IoRequest.read(fd, 100, memoryview(out)).op, fd, 100, (memoryview(out),), path, engine.direct)
+    assert engine.run([told]) == [5000] and bytes(out) == data[100:5100] and asked == []
+    out2 = bytearray(5000)
+    assert engine.run([IoRequest.read(fd, 100, memoryview(out2), path=path)]) == [5000]
+    assert bytes(out2) == data[100:5100] and asked == [fd]
+
+
 def test_unaligned_writes_and_reads_round_trip(engine, datafile):
     fd, path = datafile
     data = block(1, 300_001)

@@ -17,6 +17,14 @@ then does the write return;
 recovery deletes leftover temporary files and drops files whose header, checksum or name
 does not match their content. ``remove`` unlinks the file and fsyncs its directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
+
+Reads go through a cache of open descriptors (:mod:`open_files`): a write keeps each new
+file's descriptor (after its rename it is the record's file), a read that finds none opens
+one, and up to ``open_files`` of them stay open, least recently used first out (by default
+half of the process's descriptor limit). Opening and closing a file around each 4 KiB read
+cost about as much CPU as the read itself. A descriptor leaves the cache when its key is
+overwritten, removed or evicted, and is closed once no read is using it; when the process
+runs out of descriptors the cache is emptied and the open tried again.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
+from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
     HeadBlocks,
@@ -76,9 +85,14 @@ class FilePerKeyBackend(StorageBackend):
         capacity: int,
         eviction: str = "fifo",
         verify_on_open: str = "index",
+        open_files: Optional[int] = None,
     ) -> None:
+        """``open_files``: descriptors kept open for reads (None: half of the process's
+        ``RLIMIT_NOFILE``, at most 65536; 0: open and close a file around every read)."""
         super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
         self._objects: Dict[bytes, IndexEntry] = {}
+        #: Open descriptors of record files by key, tagged with the record's seq (lock held).
+        self._open = OpenFiles(default_limit() if open_files is None else open_files)
         self._dir_str = str(self.dir)
         self._used = 0
         self._next_seq = 1
@@ -183,6 +197,7 @@ class FilePerKeyBackend(StorageBackend):
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
         heads = HeadBlocks(len(key) for key, _, _ in items)
+        written_ok = False
         try:
             # Files are created and their writes submitted a group at a time, so the device
             # is busy with one group while the next one's files are created.
@@ -192,7 +207,7 @@ class FilePerKeyBackend(StorageBackend):
                 final = self.path_of(key)
                 self._make_shard(final.parent, new_entries)
                 tmp = final.with_name(final.name + TMP_SUFFIX)
-                fd = self.engine.open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                fd = self._open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, lock_held=False)
                 fds.append(fd)
                 written.append((tmp, final))
                 preallocate(fd, sizes[i])
@@ -218,6 +233,7 @@ class FilePerKeyBackend(StorageBackend):
             for tmp, final in written:
                 os.replace(tmp, final)
             _wait_all([self._syncer.submit(fsync_dir, d) for d in {f.parent for _, f in written} | new_entries])
+            written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
                 future.outcomes()
@@ -231,16 +247,21 @@ class FilePerKeyBackend(StorageBackend):
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         finally:
             heads.close()
-            for fd in fds:
-                os.close(fd)
+            if not written_ok:
+                for fd in fds:
+                    os.close(fd)
         with self._lock:
-            for entry, size in zip(entries, sizes):
+            for entry, fd, (_, final) in zip(entries, fds, written):
                 older = self._objects.get(entry.key)
                 if older is not None:  # the rename replaced its file
                     self._used -= record_size(len(older.key), older.value_len)
                     self._policy.remove(entry.key)
                 self._objects[entry.key] = entry
                 self._policy.insert(entry.key)
+                if self._closed:
+                    os.close(fd)
+                else:  # after its rename the descriptor is the record's file: reads use it
+                    self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
             self.counters["files_written"] += len(items)
             self.counters["bytes_written"] += sum(sizes)
         return evicted
@@ -289,6 +310,7 @@ class FilePerKeyBackend(StorageBackend):
         entry = self._objects.pop(key)
         self._policy.remove(key)
         self._used -= record_size(len(key), entry.value_len)
+        self._open.discard(key)
         path = self.path_of(key)
         unlink_quietly(path)
         return path.parent
@@ -301,10 +323,11 @@ class FilePerKeyBackend(StorageBackend):
             return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
 
     def _plan_reads(
-        self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[int]
+        self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[Handle]
     ) -> List[IoRequest]:
-        """Requests for ``items[start:end]``, each on its file opened for it (lock held: an
-        eviction cannot unlink a file between lookup and open).
+        """Requests for ``items[start:end]``, each on its file's cached descriptor or one
+        opened for it (lock held: an eviction cannot unlink a file between lookup and open).
+        Each descriptor is pinned until :meth:`_unpin_reads`.
 
         A file that cannot be opened is a miss, counted in ``read_errors``. Only a file that
         is gone (ENOENT: an overwrite renames over it atomically, and remove and eviction
@@ -319,28 +342,49 @@ class FilePerKeyBackend(StorageBackend):
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            path = self.path_str(key)
-            try:
-                fd = self.engine.open_file(path, os.O_RDONLY)
-            except OSError as exc:
-                self.counters["read_errors"] += 1
-                if exc.errno == errno.ENOENT:
-                    log.warning("gdskv: dropping replica of %r: its file %s is gone", key[:64], path)
-                    self._forget(entry)
-                else:
-                    log.warning("gdskv: cannot open %s (keeping the replica): %s", path, exc)
-                continue
+            handle = self._open.pin(key, entry.seq)
+            if handle is None:
+                path = self.path_str(key)
+                try:
+                    fd = self._open_file(path, os.O_RDONLY, lock_held=True)
+                except OSError as exc:
+                    self.counters["read_errors"] += 1
+                    if exc.errno == errno.ENOENT:
+                        log.warning("gdskv: dropping replica of %r: its file %s is gone", key[:64], path)
+                        self._forget(entry)
+                    else:
+                        log.warning("gdskv: cannot open %s (keeping the replica): %s", path, exc)
+                    continue
+                handle = self._open.add(key, fd, entry.seq, path, pinned=True)
             self._policy.touch(key)
             plan.append((i, entry))
-            pins.append(fd)
-            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), path))
+            pins.append(handle)
+            requests.append(IoRequest(_READ, handle.fd, entry.value_offset, (out if out.nbytes == size else out[:size],), handle.path, handle.direct))
         return requests
 
-    def _unpin_reads(self, pins: List[int]) -> None:
-        for fd in pins:
-            os.close(fd)
+    def _unpin_reads(self, pins: List[Handle]) -> None:
+        for handle in pins:
+            self._open.unpin(handle)
 
-    def _drop_read(self, fd: int, entry: IndexEntry, why: str) -> None:
+    def _open_file(self, path: "str | Path", flags: int, *, lock_held: bool) -> int:
+        """Open a record file through the engine; when the process is out of descriptors
+        (EMFILE, ENFILE), empty the descriptor cache and try once more. Raises OSError."""
+        try:
+            return self.engine.open_file(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            if lock_held:
+                closed = self._open.shed()
+            else:
+                with self._lock:
+                    closed = self._open.shed()
+            if not closed:
+                raise
+            log.info("gdskv: out of file descriptors; closed %d cached ones of %s", closed, self.dir)
+        return self.engine.open_file(path, flags, 0o644)
+
+    def _drop_read(self, pin: Handle, entry: IndexEntry, why: str) -> None:
         path = self.path_of(entry.key)
         seq = _header_seq(path)
         if seq is not None and seq != entry.seq:
@@ -422,9 +466,20 @@ class FilePerKeyBackend(StorageBackend):
     def used_bytes(self) -> int:
         return self._used
 
+    def layout_stats(self) -> Dict[str, int]:
+        return {
+            "open_files": len(self._open),
+            "open_files_limit": self._open.limit,
+            "open_file_hits": self._open.hits,
+            "open_file_opens": self._open.opens,
+        }
+
     def close(self) -> None:
+        """Refuse new work and close the cached descriptors (one a read is using closes
+        when that read ends)."""
         with self._lock:
             self._closed = True
+            self._open.clear()
         self._syncer.shutdown(wait=True)
 
 

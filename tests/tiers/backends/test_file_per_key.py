@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 
 from backend_io import items, read
 from conftest import block
@@ -131,16 +132,18 @@ def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct
     backend.close()
 
 
-def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch):
+@pytest.mark.parametrize("open_files", [0, None], ids=["uncached", "cached"])
+def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch, open_files):
     """An overwrite renames its file into place before it updates the index. A read in that
-    window checks the new file against the old entry and fails: a miss, but the new file
-    must stay (it is the value the write is about to acknowledge)."""
+    window that opens the path checks the new file against the old entry and fails: a miss,
+    but the new file must stay (it is the value the write is about to acknowledge). A read
+    through the cached descriptor of the old file still gets the old value."""
     import threading
 
     import gdskv.tiers.backends.file_per_key as fpk
     from gates import Gate
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, open_files=open_files)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old}))
     gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
@@ -148,7 +151,8 @@ def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_ps
     writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
     writer.start()
     gate.wait_reached()
-    assert read(backend, b"k", len(new)) is None  # the new bytes fail the old entry's CRC
+    # Uncached: the new bytes fail the old entry's CRC. Cached: the old file's descriptor.
+    assert read(backend, b"k", len(new)) == (None if open_files == 0 else old)
     gate.open()
     writer.join(10)
     assert read(backend, b"k", len(new)) == new
@@ -162,7 +166,7 @@ def test_a_file_that_cannot_be_opened_for_now_is_kept(tmp_path, direct_psync):
     import errno
     import resource
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, open_files=0)  # every read opens its file
     value = block(1, 5000)
     backend.write(items({b"k": value}))
     path = backend.path_of(b"k")
@@ -241,4 +245,80 @@ def test_the_evict_listener_hears_each_victim_before_its_file_goes(tmp_path, dir
     assert not any(backend.path_of(key).exists() for key in evicted)
     assert backend.remove(b"f19") and backend.check() == []  # neither is an eviction
     assert [key for call in heard for key, _ in call] == evicted
+    backend.close()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_reads_use_the_descriptors_writes_kept_and_nothing_leaks(tmp_path, direct_psync):
+    """A write keeps each new file's descriptor for reads (after the rename it is the
+    record's file). Overwriting, removing or evicting a key closes its descriptor, and so
+    does close(): no descriptor outlives its file or the backend."""
+    before = open_fds()
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * MiB, open_files=64)
+    baseline = open_fds()  # the backend's own (engine, threads)
+    values = {f"k{i}".encode(): block(i, 50_000 + i) for i in range(10)}
+    backend.write(items(values))
+    assert open_fds() == baseline + 10
+    for key, value in values.items():
+        assert read(backend, key, len(value)) == value
+    stats = backend.stats()
+    assert (stats["open_files"], stats["open_file_hits"], stats["open_file_opens"]) == (10, 10, 0)
+
+    values[b"k0"] = block(99, 70_000)
+    backend.write(items({b"k0": values[b"k0"]}))  # the old file's descriptor goes
+    assert open_fds() == baseline + 10 and read(backend, b"k0", 70_000) == values[b"k0"]
+    assert backend.remove(b"k1") and open_fds() == baseline + 9
+    evicted = backend.write(items({b"big": block(7, 1_800_000)}))  # evicts for room
+    assert evicted and open_fds() == baseline + 9 - len(evicted) + 1
+    for key in set(values) - set(evicted) - {b"k1"}:
+        assert read(backend, key, len(values[key])) == values[key]
+    backend.close()
+    assert open_fds() == before
+
+
+def test_at_most_open_files_descriptors_stay_open(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync, open_files=3)
+    baseline = open_fds()
+    values = {f"k{i}".encode(): block(i, 5000) for i in range(12)}
+    backend.write(items(values))
+    assert open_fds() == baseline + 3
+    for key, value in values.items():  # most reads open their file, then keep it
+        assert read(backend, key, len(value)) == value
+        assert open_fds() == baseline + 3
+    assert backend.stats()["open_file_opens"] >= 9
+    backend.close()
+
+
+def test_a_backend_out_of_descriptors_closes_its_cached_ones(tmp_path, direct_psync):
+    """When the process hits its descriptor limit, the backend empties its descriptor cache
+    and opens again: writes and reads go on, they only lose the cache."""
+    import errno
+    import resource
+
+    backend = open_backend(tmp_path, direct_psync, open_files=1000)
+    values = {f"k{i}".encode(): block(i, 5000) for i in range(40)}
+    backend.write(items(values))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hog = []
+    try:
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, highest + 16), hard))
+        while True:
+            try:
+                hog.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        values[b"new"] = block(77, 6000)
+        backend.write(items({b"new": values[b"new"]}))
+        assert backend.stats()["open_files"] == 1
+        for key, value in values.items():
+            assert read(backend, key, len(value)) == value
+    finally:
+        for fd in hog:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     backend.close()
