@@ -60,6 +60,7 @@ from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
     GdskvError,
     InvalidValueError,
+    IoError,
     KeyExistsError,
     NoSpaceError,
     StoreClosedError,
@@ -881,7 +882,11 @@ class Store(OffloadMixin, HbmStoreMixin):
     def close(self, *, drain: bool = True) -> None:
         """Close the store. With an SSD tier, first evict every HBM object into DRAM and
         write every DRAM-only object to SSD (``drain=False`` skips that: HBM- and DRAM-only
-        objects are then lost). Idempotent."""
+        objects are then lost). Idempotent.
+
+        When draining fails (the disk is full, or fails), the store is closed all the same
+        and then :class:`IoError` is raised, saying how many objects were lost, from the
+        error that stopped the offload (its ``errno`` is in the context)."""
         with self._lock:
             if self._closed or self._refusing:
                 return
@@ -896,11 +901,19 @@ class Store(OffloadMixin, HbmStoreMixin):
                     if entry.complete and entry.ssd is SsdState.NONE:
                         self._enqueue(entry)
             self._cond.notify_all()
+        failure: Optional[IoError] = None
         if self._offloader is not None:
             try:
                 self.flush(timeout=None if drain else 0)
             except GdskvError as exc:
-                log.warning("gdskv: closing with %d objects not on SSD: %s", len(self._pending), exc)
+                lost = len(self._pending)
+                log.warning("gdskv: closing with %d objects not on SSD: %s", lost, exc)
+                if drain:
+                    failure = IoError(
+                        f"closed with {lost} objects that could not be written to SSD (lost): {exc}",
+                        path=str(self.path), lost=lost, errno=exc.context.get("errno"),
+                    )
+                    failure.__cause__ = exc
         with self._lock:
             self._closed = True
             self._cond.notify_all()
@@ -908,6 +921,8 @@ class Store(OffloadMixin, HbmStoreMixin):
         if self._offloader is not None:
             self._offloader.join()
         self._release_resources()
+        if failure is not None:
+            raise failure
 
     def _release_resources(self) -> None:
         if self._hbm is not None:

@@ -99,6 +99,26 @@ def test_enospc_while_offloading_pauses_keeps_dram_and_resumes(tmp_path, backend
             assert store.get(key) == value
 
 
+def test_close_says_what_a_full_disk_made_it_lose(tmp_path, backend_engine):
+    """close() drains DRAM to SSD; when the disk stays full it still closes (the lock is
+    released, a reopen works) and then raises, with how many objects were lost and the
+    errno. What was on SSD before is intact."""
+    backend, engine_name = backend_engine
+    store, faulty = open_faulty(tmp_path, backend, engine_name)
+    kept = {"kept": block(1, 150_000)}
+    store.put("kept", kept["kept"])
+    store.flush()
+    faulty.inject("enospc", op=IoOp.WRITE)
+    for i in range(3):
+        store.put(f"lost{i}", block(2 + i, 100_000))
+    with pytest.raises(gdskv.IoError, match="3 objects") as info:
+        store.close()
+    assert info.value.context["lost"] == 3 and info.value.context["errno"] == errno.ENOSPC
+    store.close()  # closed: a second close does nothing
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB", backend=backend, io_engine=engine_name) as again:
+        assert again.get("kept") == kept["kept"] and again.get("lost0") is None
+
+
 def test_a_retry_after_a_failure_does_not_wait_for_the_bucket_age(tmp_path):
     """A flush after a failed batch retries once the pause is over, even when objects may
     wait far longer for a bucket to fill (bucket_max_age_s)."""

@@ -93,6 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"gdskv-node: error: {exc}", file=sys.stderr)
         return 2
     node = Node(store, args.master, config)
+    status = 0
     try:
         address = node.start()
         _emit(event="listening", node_id=node.node_id, address=address, master=args.master)
@@ -101,11 +102,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         stop.wait()
     except GdskvError as exc:
         print(f"gdskv-node: error: {exc}", file=sys.stderr)
-        return 2
+        status = 2
     finally:
         node.close()
-        store.close()
-    return 0
+        try:
+            store.close()
+        except GdskvError as exc:  # e.g. the disk was full: objects that were only in DRAM are lost
+            print(f"gdskv-node: error while closing the store: {exc}", file=sys.stderr)
+            status = status or 1
+    return status
 
 
 def _announce(node: Node, stop: threading.Event) -> None:

@@ -149,7 +149,12 @@ class OffsetBackend(StorageBackend):
         self._open_data_file(empty=loaded is None)
         entries, window = loaded if loaded is not None else ({}, [])
         assert self._fd is not None
-        found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        try:
+            found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        except GdskvError:  # an unreadable window may be readable later: fail, touch nothing
+            os.close(self._fd)
+            self._fd = None
+            raise
         self._next_seq = max(self._next_seq, newest + 1)
         for seq, flags, entry in sorted(found, key=lambda f: f[0]):
             current = entries.get(entry.key)

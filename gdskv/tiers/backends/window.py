@@ -22,10 +22,9 @@ Window extents are stored in the checkpoint as index entries with an empty key
 from __future__ import annotations
 
 import bisect
-import logging
 from typing import List, Tuple
 
-from gdskv.errors import CorruptionError, IoError
+from gdskv.errors import CorruptionError
 from gdskv.gds.aligned import alloc_aligned
 from gdskv.gds.engine import IoEngine, IoRequest
 from gdskv.tiers.backends.base import RecoveryReport
@@ -41,7 +40,6 @@ from gdskv.tiers.backends.record import (
     head_size,
 )
 
-log = logging.getLogger(__name__)
 
 #: Key of the checkpoint entries that describe window extents (object keys are never empty).
 WINDOW_KEY = b""
@@ -91,7 +89,7 @@ def scan_window(
 ) -> Tuple[List[Found], int]:
     """Records newer than ``watermark`` inside ``window``, in file order, and the highest
     sequence number of any valid header met (whole, torn or cut off by the window's end;
-    0 when none)."""
+    0 when none). Raises :class:`IoError` when part of the window cannot be read."""
     found: List[Found] = []
     if not window:
         return found, 0
@@ -156,8 +154,7 @@ class _Scanner:
         return memoryview(whole)
 
     def _read(self, offset: int, length: int, buf: memoryview) -> int:
-        try:
-            return self.engine.run([IoRequest.read(self.fd, offset, buf[:length], path=self.path)])[0]
-        except IoError as exc:
-            log.warning("gdskv: unreadable window in %s at offset %d: %s", self.path, offset, exc)
-            return 0
+        """Read window bytes; an :class:`IoError` propagates. Skipping bytes that cannot be
+        read now would lose what they hold, tombstones included (a removed key would
+        come back), so the open fails instead, as it does for an unreadable checkpoint."""
+        return self.engine.run([IoRequest.read(self.fd, offset, buf[:length], path=self.path)])[0]

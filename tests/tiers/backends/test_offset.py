@@ -431,3 +431,31 @@ def test_a_checkpoint_without_room_leaves_this_epochs_records_alone(tmp_path, di
     again = open_backend(tmp_path, direct_psync, capacity=capacity)
     verify_holds(again, {"C": (6, 20000)})
     again.close()
+
+
+def test_a_window_that_cannot_be_read_fails_the_open_and_touches_nothing(tmp_path, direct_psync):
+    """The window holds what was acknowledged after the checkpoint, tombstones included. A
+    scan that skipped an extent it cannot read (EIO) would bring a removed key back and
+    lose acknowledged writes; the open fails instead, and a later open (the disk readable
+    again) finds everything."""
+    from gdskv.errors import IoError
+    from gdskv.gds.faulty import FaultyEngine
+
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"A": value_of(1, 5000), b"K": value_of(2, 5000)}))
+    backend.close()  # A and K listed in the checkpoint
+    out = run_child(tmp_path, [["remove", "K"], ["write", {"C": (3, 7000)}]])  # both in the window
+    assert "removed True" in out
+    checkpoint = tmp_path / "offset" / "checkpoint"
+    data = tmp_path / "offset" / "data"
+    before = (checkpoint.read_bytes(), data.read_bytes())
+    faulty = FaultyEngine(direct_psync)
+    faulty.inject("eio", path_contains="offset/data")
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(IoError):
+        OffsetBackend(tmp_path, faulty, capacity=16 * MiB, window_bytes=MiB).recover()
+    assert (checkpoint.read_bytes(), data.read_bytes()) == before
+    assert len(os.listdir("/proc/self/fd")) == fds  # the data file was closed again
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"A": (1, 5000), "C": (3, 7000)})
+    again.close()
