@@ -44,7 +44,7 @@ from gdskv.errors import (
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
-from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
+from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
     HeadBlocks,
@@ -261,7 +261,7 @@ class BucketBackend(StorageBackend):
             fd = self.engine.open_file(tmp, os.O_RDWR if reused else os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 if reused:
-                    self._fit(fd, data_len)
+                    fit_reused_file(fd, data_len)  # its records cover every byte
                 else:
                     preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
                 with HeadBlocks(len(key) for key, _, _ in items) as heads:
@@ -314,7 +314,7 @@ class BucketBackend(StorageBackend):
         """Evict whole buckets in policy order until ``nbytes`` more fit. Lock held.
 
         With ``reuse_as``, the data file of the first evicted bucket nobody is reading is
-        renamed there instead of being deleted (see :meth:`_fit`). Returns the evicted keys
+        renamed there instead of being deleted (see :func:`fit_reused_file`). Returns the evicted keys
         and whether a file was renamed to ``reuse_as``."""
         evicted: List[bytes] = []
         reused = False
@@ -330,22 +330,6 @@ class BucketBackend(StorageBackend):
             self.counters["objects_evicted"] += len(bucket.entries)
             reused = self._drop_bucket(bucket, None if reused else reuse_as) or reused
         return evicted, reused
-
-    def _fit(self, fd: int, nbytes: int) -> None:
-        """Make a reused data file exactly ``nbytes`` long before it is written.
-
-        An evicted bucket's data file is reused for the next bucket when a write evicts it
-        (the steady state of a full tier): its blocks are allocated and written already, so
-        the new bucket's O_DIRECT writes overwrite them in place, with no allocation,
-        no unwritten extents to convert at the fdatasync and no discard of freed blocks
-        (2 MiB objects into a full tier on the test VM: 2353-2543 MiB/s against 1377-1391
-        with new files and the old ones deleted). The new records, their padding included,
-        cover every byte up to ``nbytes``, so nothing of the old bucket is left in the file."""
-        size = os.fstat(fd).st_size
-        if size > nbytes:
-            os.ftruncate(fd, nbytes)
-        elif size < nbytes:
-            preallocate(fd, nbytes)
 
     def _drop_bucket(self, bucket: _Bucket, reuse_as: Optional[Path] = None) -> bool:
         """Remove a bucket from the index and from disk. Lock held. With ``reuse_as`` and

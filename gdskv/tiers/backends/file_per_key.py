@@ -17,6 +17,8 @@ then does the write return;
 recovery deletes leftover temporary files and drops files whose header, checksum or name
 does not match their content. ``remove`` unlinks the file and fsyncs its directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
+A write that evicts takes the victims' files (those no read is using) as its own temporary
+files and overwrites them in place (:func:`fit_reused_file`), as the bucket backend does.
 
 Reads go through a cache of open descriptors (:mod:`open_files`): a write keeps each new
 file's descriptor (after its rename it is the record's file), a read that finds none opens
@@ -42,7 +44,7 @@ from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, Invali
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
-from gdskv.tiers.backends.files import TMP_SUFFIX, fsync_dir, unlink_quietly
+from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly
 from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
@@ -102,6 +104,7 @@ class FilePerKeyBackend(StorageBackend):
             "files_written": 0,
             "bytes_written": 0,
             "objects_evicted": 0,
+            "files_reused": 0,
             "corrupt_reads": 0,
             "read_errors": 0,
         }
@@ -184,16 +187,21 @@ class FilePerKeyBackend(StorageBackend):
         sizes = [record_size(len(key), value.nbytes) for key, value, _ in items]
         if sum(sizes) > self.capacity:
             raise NoSpaceError("batch larger than the NVMe tier", needed=sum(sizes), capacity=self.capacity)
+        finals = [self.path_of(key) for key, _, _ in items]
+        tmps = [final.with_name(final.name + TMP_SUFFIX) for final in finals]
+        #: Directories whose entries change (new shard directories, victims' files gone),
+        #: fsynced side by side, with the new files' directories, before the write returns.
+        changed_dirs: Set[Path] = set()
         with self._lock:
             self._check_open()
-            evicted = self._make_room(sum(sizes))
+            evicted, reused = self._make_room(sum(sizes), tmps, changed_dirs)
+            self.counters["files_reused"] += reused
             first_seq = self._next_seq
             self._next_seq += len(items)
             self._used += sum(sizes)  # reserved; released if the write fails
         entries: List[IndexEntry] = []
         written: List[Tuple[Path, Path]] = []
         fds: List[int] = []
-        new_entries: Set[Path] = set()  # directories that gained a shard directory
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
         heads = HeadBlocks(len(key) for key, _, _ in items)
@@ -204,13 +212,18 @@ class FilePerKeyBackend(StorageBackend):
             requests: List[IoRequest] = []
             group_start = group_bytes = 0
             for i, (key, value, crc) in enumerate(items):
-                final = self.path_of(key)
-                self._make_shard(final.parent, new_entries)
-                tmp = final.with_name(final.name + TMP_SUFFIX)
-                fd = self._open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, lock_held=False)
-                fds.append(fd)
-                written.append((tmp, final))
-                preallocate(fd, sizes[i])
+                final, tmp = finals[i], tmps[i]
+                if i < reused:  # an evicted file, renamed to this temporary name
+                    fd = self._open_file(tmp, os.O_RDWR, lock_held=False)
+                    fds.append(fd)
+                    written.append((tmp, final))
+                    fit_reused_file(fd, sizes[i])  # the record covers every byte
+                else:
+                    self._make_shard(final.parent, changed_dirs)
+                    fd = self._open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, lock_held=False)
+                    fds.append(fd)
+                    written.append((tmp, final))
+                    preallocate(fd, sizes[i])
                 head = heads.encode(key, value.nbytes, first_seq + i, crc)
                 requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmp)))
                 entries.append(IndexEntry(key, head.nbytes, value.nbytes, first_seq + i, crc))
@@ -232,13 +245,13 @@ class FilePerKeyBackend(StorageBackend):
                 raise failure
             for tmp, final in written:
                 os.replace(tmp, final)
-            _wait_all([self._syncer.submit(fsync_dir, d) for d in {f.parent for _, f in written} | new_entries])
+            _wait_all([self._syncer.submit(fsync_dir, d) for d in {f.parent for _, f in written} | changed_dirs])
             written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
                 future.outcomes()
             concurrent.futures.wait(syncs)
-            for tmp, _ in written:
+            for tmp in tmps[: max(reused, len(written))]:  # reused files not yet opened too
                 unlink_quietly(tmp)
             with self._lock:
                 self._used -= sum(sizes)
@@ -267,9 +280,9 @@ class FilePerKeyBackend(StorageBackend):
         return evicted
 
     @staticmethod
-    def _make_shard(shard: Path, new_entries: Set[Path]) -> None:
+    def _make_shard(shard: Path, changed_dirs: Set[Path]) -> None:
         """Create the shard directory ``shard`` (and its parent) where missing; add each
-        directory that gained an entry to ``new_entries`` (it must be fsynced too)."""
+        directory that gained an entry to ``changed_dirs`` (it must be fsynced too)."""
         if shard.is_dir():
             return
         for directory in (shard.parent, shard):
@@ -277,15 +290,26 @@ class FilePerKeyBackend(StorageBackend):
                 directory.mkdir()
             except FileExistsError:
                 continue
-            new_entries.add(directory.parent)
+            changed_dirs.add(directory.parent)
 
-    def _make_room(self, nbytes: int) -> List[bytes]:
+    def _make_room(self, nbytes: int, reuse_as: Sequence[Path], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held.
 
         The victims are chosen first; :attr:`evict_listener` hears all of them before any
-        file is unlinked (two-phase eviction). When even evicting every listed object would
+        file goes (two-phase eviction). When even evicting every listed object would
         not make room (the rest of the cap is reserved by writes in flight),
-        :class:`NoSpaceError` is raised and nothing is evicted."""
+        :class:`NoSpaceError` is raised and nothing is evicted.
+
+        The victims' files are not deleted but reused where they can be: the file of each
+        victim that no read is using is renamed to the next of ``reuse_as`` (the write's
+        temporary names; their shard directories are created here), to be overwritten in
+        place (see :func:`fit_reused_file`); the others are unlinked. A crash leaves a
+        reused file under a temporary name, which recovery deletes: the victim is gone
+        either way. The victims' directories are fsynced (side by side) before the lock is
+        released: a ``remove()`` that then finds a victim absent returns at once, and the
+        victim must not come back after a crash. Shard directories created for reused files
+        are added to ``changed_dirs``, which the write fsyncs before it returns.
+        Returns the evicted keys and how many files were reused (the first of ``reuse_as``)."""
         evicted: List[bytes] = []
         freed = 0
         for key in self._policy.ordered():
@@ -296,22 +320,35 @@ class FilePerKeyBackend(StorageBackend):
         if self._used - freed + nbytes > self.capacity:
             raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
         if not evicted:
-            return evicted
+            return evicted, 0
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
-        dirs = {self._unlink(key) for key in evicted}
+        reused = 0
+        victim_dirs: Set[Path] = set()
+        for key in evicted:
+            in_use = self._open.busy(key)  # (before the entry and its descriptor go)
+            path = self._drop_entry(key)
+            victim_dirs.add(path.parent)
+            if not in_use and reused < len(reuse_as) and _move_file(path, reuse_as[reused], changed_dirs):
+                reused += 1
+            else:
+                unlink_quietly(path)
         self.counters["objects_evicted"] += len(evicted)
-        for parent in dirs:
-            _fsync_dir_quietly(parent)
-        return evicted
+        concurrent.futures.wait([self._syncer.submit(_fsync_dir_quietly, d) for d in victim_dirs])
+        return evicted, reused
 
-    def _unlink(self, key: bytes) -> Path:
-        """Forget ``key`` and delete its file. Lock held. Returns the file's directory."""
+    def _drop_entry(self, key: bytes) -> Path:
+        """Forget ``key`` (index, policy, bytes used, cached descriptor). Lock held.
+        Returns the path of its file, which the caller deletes or reuses."""
         entry = self._objects.pop(key)
         self._policy.remove(key)
         self._used -= record_size(len(key), entry.value_len)
         self._open.discard(key)
-        path = self.path_of(key)
+        return self.path_of(key)
+
+    def _unlink(self, key: bytes) -> Path:
+        """Forget ``key`` and delete its file. Lock held. Returns the file's directory."""
+        path = self._drop_entry(key)
         unlink_quietly(path)
         return path.parent
 
@@ -334,15 +371,16 @@ class FilePerKeyBackend(StorageBackend):
         unlink it under the lock held here, so it is really gone) drops the replica; any
         other failure (EMFILE, EACCES, EIO, ...) may pass, and the intact file is kept."""
         requests: List[IoRequest] = []
+        objects, pin, touch = self._objects, self._open.pin, self._policy.touch  # (the 4 KiB path)
         for i in range(start, end):
             key, out = items[i]
-            entry = self._objects.get(key)
+            entry = objects.get(key)
             if entry is None:
                 continue
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            handle = self._open.pin(key, entry.seq)
+            handle = pin(key, entry.seq)
             if handle is None:
                 path = self.path_str(key)
                 try:
@@ -356,15 +394,16 @@ class FilePerKeyBackend(StorageBackend):
                         log.warning("gdskv: cannot open %s (keeping the replica): %s", path, exc)
                     continue
                 handle = self._open.add(key, fd, entry.seq, path, pinned=True)
-            self._policy.touch(key)
+            touch(key)
             plan.append((i, entry))
             pins.append(handle)
             requests.append(IoRequest(_READ, handle.fd, entry.value_offset, (out if out.nbytes == size else out[:size],), handle.path, handle.direct))
         return requests
 
     def _unpin_reads(self, pins: List[Handle]) -> None:
+        unpin = self._open.unpin
         for handle in pins:
-            self._open.unpin(handle)
+            unpin(handle)
 
     def _open_file(self, path: "str | Path", flags: int, *, lock_held: bool) -> int:
         """Open a record file through the engine; when the process is out of descriptors
@@ -498,6 +537,18 @@ def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
     concurrent.futures.wait(futures)
     for future in futures:
         future.result()
+
+
+def _move_file(path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
+    """Rename the file ``path`` to ``to``, creating the shard directory of ``to`` (and its
+    parent) where missing (see :meth:`FilePerKeyBackend._make_shard`); returns whether it
+    was moved."""
+    try:
+        FilePerKeyBackend._make_shard(to.parent, changed_dirs)
+        os.replace(path, to)
+    except OSError:
+        return False
+    return True
 
 
 def _fsync_dir_quietly(path: Path) -> None:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from gdskv.errors import IoError
+from gdskv.gds.aligned import preallocate
 
 TMP_SUFFIX = ".tmp"
 
@@ -45,6 +46,23 @@ def write_file_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None
     except OSError as exc:
         unlink_quietly(tmp)
         raise IoError(f"could not write {path.name}: {exc.strerror}", path=str(path), errno=exc.errno) from exc
+
+
+def fit_reused_file(fd: int, nbytes: int) -> None:
+    """Make a reused data file (an evicted one, renamed to a new temporary name) exactly
+    ``nbytes`` long before it is written; raises OSError.
+
+    A write that evicts reuses the evicted file (the steady state of a full tier): its blocks
+    are allocated and written already, so the new O_DIRECT writes overwrite them in place,
+    with no allocation, no unwritten extents to convert at the fdatasync and no discard of
+    freed blocks (the bucket backend's 2 MiB objects into a full tier on the test VM:
+    2353-2543 MiB/s against 1377-1391 with new files and the old ones deleted). The caller
+    writes every byte up to ``nbytes``, so nothing of the old content is left."""
+    size = os.fstat(fd).st_size
+    if size > nbytes:
+        os.ftruncate(fd, nbytes)
+    elif size < nbytes:
+        preallocate(fd, nbytes)
 
 
 def unlink_quietly(path: Path) -> None:

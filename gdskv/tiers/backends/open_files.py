@@ -5,8 +5,10 @@ file around every 4 KiB read costs more CPU than the read itself. :class:`OpenFi
 the descriptors of recently written or read files open, least recently used first out,
 up to a limit.
 
-A descriptor is *pinned* while a read is in flight on it. Dropping a key (its file was
-replaced, removed or evicted) or pushing it out of the cache never closes a pinned
+A descriptor is *pinned* while a read is in flight on it. A pinned handle is never pushed
+out of the cache (the cache may hold more than its limit meanwhile), so a key with a read in
+flight on its current file is always :meth:`OpenFiles.busy`: the owner must not reuse that
+file. Dropping a key (its file was replaced, removed or evicted) never closes a pinned
 descriptor: its last reader does, in :meth:`OpenFiles.unpin`. Each handle carries a *tag*
 (the record's sequence number), so a handle of an older file is never served for a newer
 record of the same key.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 import resource
 from collections import OrderedDict
-from typing import Optional
+from typing import List, Optional
 
 from gdskv.gds.aligned import is_direct_fd
 
@@ -78,29 +80,48 @@ class OpenFiles:
         self.hits += 1
         return handle
 
+    def busy(self, key: bytes) -> bool:
+        """Whether a read is in flight on the current file of ``key``."""
+        handle = self._handles.get(key)
+        return handle is not None and handle.pins > 0
+
     def add(self, key: bytes, fd: int, tag: int, path: str, *, pinned: bool) -> Handle:
         """Take ownership of ``fd``, the file of ``key`` at ``path`` with ``tag``; it
-        replaces any older handle of the key. Pinned when ``pinned``. With a limit of 0 nothing is cached: the
-        descriptor is closed at once, or by :meth:`unpin` when pinned."""
+        replaces any older handle of the key. Pinned when ``pinned``. Then the least
+        recently used handles that are not pinned leave until at most ``limit`` remain."""
         self.discard(key)
         handle = Handle(fd, tag, path)
         if pinned:
             handle.pins = 1
             self.opens += 1
-        if self.limit == 0:
-            self._retire(handle)
-            return handle
         self._handles[key] = handle
-        while len(self._handles) > self.limit:
-            _, oldest = self._handles.popitem(last=False)
-            self._retire(oldest)
+        self._trim()
         return handle
 
     def unpin(self, handle: Handle) -> None:
-        """End one read on ``handle``; close it if it has left the cache and this was the last."""
+        """End one read on ``handle``; close it if it has left the cache and this was the
+        last, or if the cache holds more than its limit."""
         handle.pins -= 1
-        if not handle.cached and handle.pins == 0:
+        if handle.pins:
+            return
+        if not handle.cached:
             os.close(handle.fd)
+        elif len(self._handles) > self.limit:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Retire the least recently used unpinned handles while more than ``limit`` are held."""
+        excess = len(self._handles) - self.limit
+        if excess <= 0:
+            return
+        idle: List[bytes] = []
+        for key, handle in self._handles.items():  # oldest first; pinned ones are few
+            if handle.pins == 0:
+                idle.append(key)
+                if len(idle) == excess:
+                    break
+        for key in idle:
+            self._retire(self._handles.pop(key))
 
     def discard(self, key: bytes) -> None:
         """Drop the handle of ``key``, if any (closed now, or by its last reader)."""

@@ -61,16 +61,18 @@ def test_a_pinned_descriptor_is_closed_by_its_last_reader():
     assert not is_open(fd)
 
 
-def test_pushed_out_or_shed_while_pinned_closes_when_the_read_ends():
-    cache = OpenFiles(1)
-    pinned_fd, other, third = new_fd(), new_fd(), new_fd()
-    pinned = cache.add(b"a", pinned_fd, 1, "/dev/null", pinned=True)
-    cache.add(b"b", other, 1, "/dev/null", pinned=False)  # pushes a out of the cache
-    assert len(cache) == 1 and is_open(pinned_fd)
-    cache.add(b"c", third, 1, "/dev/null", pinned=False)
-    assert not is_open(other)
-    cache.unpin(pinned)
-    assert not is_open(pinned_fd)
+def test_a_pinned_descriptor_is_never_pushed_out():
+    """A key with a read in flight on its file stays in the cache, and busy, beyond the
+    limit if need be: its owner must see that the file is in use."""
+    cache = OpenFiles(2)
+    a = cache.add(b"a", new_fd(), 1, "/dev/null", pinned=True)
+    b = cache.add(b"b", new_fd(), 1, "/dev/null", pinned=False)
+    c = cache.add(b"c", new_fd(), 1, "/dev/null", pinned=False)  # b, the oldest idle one, goes
+    assert not is_open(b.fd) and cache.busy(b"a") and not cache.busy(b"c") and len(cache) == 2
+    cache.unpin(a)
+    assert is_open(a.fd) and not cache.busy(b"a")
+    d = cache.add(b"d", new_fd(), 1, "/dev/null", pinned=False)  # now a is the oldest idle one
+    assert not is_open(a.fd) and is_open(c.fd) and is_open(d.fd)
     cache.clear()
 
 
@@ -85,14 +87,14 @@ def test_shedding_closes_the_idle_descriptors_at_once():
     assert not is_open(busy.fd)
 
 
-def test_a_limit_of_zero_caches_nothing():
+def test_a_limit_of_zero_keeps_only_what_reads_are_using():
     cache = OpenFiles(0)
     kept = cache.add(b"k", new_fd(), 1, "/dev/null", pinned=True)
-    assert len(cache) == 0 and is_open(kept.fd)
+    assert len(cache) == 1 and cache.busy(b"k") and is_open(kept.fd)
     cache.unpin(kept)
-    assert not is_open(kept.fd)
+    assert len(cache) == 0 and not is_open(kept.fd)
     unpinned = cache.add(b"k", new_fd(), 1, "/dev/null", pinned=False)
-    assert not is_open(unpinned.fd)
+    assert not is_open(unpinned.fd) and len(cache) == 0
     with pytest.raises(ValueError):
         OpenFiles(-1)
 
