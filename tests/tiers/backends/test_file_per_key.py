@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import resource
 
 import pytest
 
@@ -30,6 +33,28 @@ def open_backend(root, direct_psync, **kw) -> FilePerKeyBackend:
     backend = FilePerKeyBackend(root, direct_psync, **kw)
     backend.recover()
     return backend
+
+
+@contextlib.contextmanager
+def out_of_descriptors():
+    """Run the body with this process at its descriptor limit: every open fails with EMFILE
+    until something is closed. The limit is lowered and the rest taken by /dev/null."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hog = []
+    try:
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, highest + 32), hard))
+        while True:
+            try:
+                hog.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        yield
+    finally:
+        for fd in hog:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def all_files(root):
@@ -163,29 +188,12 @@ def test_a_file_that_cannot_be_opened_for_now_is_kept(tmp_path, direct_psync):
     """EMFILE (the process is at its descriptor limit) passes: the read is a miss counted in
     read_errors, but the intact file and its entry stay. Only a file that is gone (ENOENT)
     drops the replica."""
-    import errno
-    import resource
-
     backend = open_backend(tmp_path, direct_psync, open_files=0)  # every read opens its file
     value = block(1, 5000)
     backend.write(items({b"k": value}))
     path = backend.path_of(b"k")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    hog = []
-    try:
-        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, highest + 32), hard))
-        while True:
-            try:
-                hog.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError as exc:
-                assert exc.errno == errno.EMFILE
-                break
+    with out_of_descriptors():
         got = read(backend, b"k", len(value))
-    finally:
-        for fd in hog:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert got is None and backend.counters["read_errors"] == 1
     assert path.exists() and backend.keys() == [b"k"]
     assert read(backend, b"k", len(value)) == value
@@ -295,32 +303,15 @@ def test_at_most_open_files_descriptors_stay_open(tmp_path, direct_psync):
 def test_a_backend_out_of_descriptors_closes_its_cached_ones(tmp_path, direct_psync):
     """When the process hits its descriptor limit, the backend empties its descriptor cache
     and opens again: writes and reads go on, they only lose the cache."""
-    import errno
-    import resource
-
     backend = open_backend(tmp_path, direct_psync, open_files=1000)
     values = {f"k{i}".encode(): block(i, 5000) for i in range(40)}
     backend.write(items(values))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    hog = []
-    try:
-        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, highest + 16), hard))
-        while True:
-            try:
-                hog.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError as exc:
-                assert exc.errno == errno.EMFILE
-                break
+    with out_of_descriptors():
         values[b"new"] = block(77, 6000)
         backend.write(items({b"new": values[b"new"]}))
         assert backend.stats()["open_files"] == 1
         for key, value in values.items():
             assert read(backend, key, len(value)) == value
-    finally:
-        for fd in hog:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     backend.close()
 
 
