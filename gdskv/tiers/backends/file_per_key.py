@@ -26,7 +26,7 @@ one, and up to ``open_files`` of them stay open, least recently used first out (
 half of the process's descriptor limit). Opening and closing a file around each 4 KiB read
 cost about as much CPU as the read itself. A descriptor leaves the cache when its key is
 overwritten, removed or evicted, and is closed once no read is using it; when the process
-runs out of descriptors the cache is emptied and the open tried again.
+runs out of descriptors the cached ones no read is using are closed and the open tried again.
 """
 
 from __future__ import annotations
@@ -407,7 +407,7 @@ class FilePerKeyBackend(StorageBackend):
 
     def _open_file(self, path: "str | Path", flags: int, *, lock_held: bool) -> int:
         """Open a record file through the engine; when the process is out of descriptors
-        (EMFILE, ENFILE), empty the descriptor cache and try once more. Raises OSError."""
+        (EMFILE, ENFILE), close the cached ones no read is using and try once more. Raises OSError."""
         try:
             return self.engine.open_file(path, flags, 0o644)
         except OSError as exc:

@@ -130,11 +130,13 @@ class OpenFiles:
             self._retire(handle)
 
     def shed(self) -> int:
-        """Drop every handle (for when the process runs out of descriptors); returns how
-        many were closed at once (pinned ones close when their reads end)."""
-        closed = sum(1 for h in self._handles.values() if h.pins == 0)
-        self.clear()
-        return closed
+        """Close every handle no read is using (for when the process runs out of
+        descriptors); returns how many. Pinned ones stay: they cannot be closed yet, and
+        their keys must stay :meth:`busy`."""
+        idle = [key for key, handle in self._handles.items() if handle.pins == 0]
+        for key in idle:
+            self._retire(self._handles.pop(key))
+        return len(idle)
 
     def clear(self) -> None:
         """Drop every handle."""

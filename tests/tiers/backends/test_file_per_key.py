@@ -301,7 +301,7 @@ def test_at_most_open_files_descriptors_stay_open(tmp_path, direct_psync):
 
 
 def test_a_backend_out_of_descriptors_closes_its_cached_ones(tmp_path, direct_psync):
-    """When the process hits its descriptor limit, the backend empties its descriptor cache
+    """When the process hits its descriptor limit, the backend closes its idle cached descriptors
     and opens again: writes and reads go on, they only lose the cache."""
     backend = open_backend(tmp_path, direct_psync, open_files=1000)
     values = {f"k{i}".encode(): block(i, 5000) for i in range(40)}

@@ -81,9 +81,11 @@ def test_shedding_closes_the_idle_descriptors_at_once():
     cache = OpenFiles(4)
     idle = [cache.add(key, new_fd(), 1, "/dev/null", pinned=False) for key in (b"a", b"b")]
     busy = cache.add(b"c", new_fd(), 1, "/dev/null", pinned=True)
-    assert cache.shed() == 2 and len(cache) == 0
+    assert cache.shed() == 2 and len(cache) == 1 and cache.busy(b"c")
     assert not any(is_open(h.fd) for h in idle) and is_open(busy.fd)
     cache.unpin(busy)
+    assert is_open(busy.fd)  # idle again, and within the limit: kept
+    cache.clear()
     assert not is_open(busy.fd)
 
 
