@@ -79,6 +79,10 @@ from gdskv.types import Key, Tier, byte_view, encode_key
 
 log = logging.getLogger(__name__)
 
+#: Failed offload batches (each retried after ``offload_retry_s``) after which ``close()``
+#: stops draining and reports what it could not write.
+CLOSE_DRAIN_TRIES = 3
+
 
 class StoreListener:
     """Told when objects become readable in a tier and before they are evicted from one.
@@ -884,45 +888,74 @@ class Store(OffloadMixin, HbmStoreMixin):
         write every DRAM-only object to SSD (``drain=False`` skips that: HBM- and DRAM-only
         objects are then lost). Idempotent.
 
-        When draining fails (the disk is full, or fails), the store is closed all the same
-        and then :class:`IoError` is raised, saying how many objects were lost, from the
-        error that stopped the offload (its ``errno`` is in the context)."""
+        A failed offload batch is retried (every ``offload_retry_s``, up to
+        :data:`CLOSE_DRAIN_TRIES` failures in all). When the drain still fails (the disk is
+        full, or fails), the store is closed all the same and then :class:`IoError` is
+        raised, saying how many objects were lost (``lost``: live objects only in DRAM or
+        HBM), with the last offload error as its cause and its ``errno``. The store is
+        closed whatever escapes, a ``KeyboardInterrupt`` included."""
         with self._lock:
             if self._closed or self._refusing:
                 return
             self._refusing = True  # no new put; the ones copying in commit, and are drained
-            self._wait_idle(lambda: self._putting)
-        if drain and self._hbm is not None and self._backend is not None:
-            self._drain_hbm(patience_s=max(self.config.put_timeout_s, 5.0))
-        with self._lock:
-            self._closing = True
+        error: Optional[GdskvError] = None
+        lost = 0
+        try:
+            with self._lock:
+                self._wait_idle(lambda: self._putting)
+            if drain and self._hbm is not None and self._backend is not None:
+                self._drain_hbm(patience_s=max(self.config.put_timeout_s, 5.0))
+            with self._lock:
+                self._closing = True
+                if drain and self._backend is not None:
+                    for entry in list(self._dram.entries.values()):
+                        if entry.complete and entry.ssd is SsdState.NONE:
+                            self._enqueue(entry)
+                self._cond.notify_all()
+            if self._offloader is not None:
+                error = self._drain_offloads(drain)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._cond.notify_all()
+                self._wait_idle(lambda: self._reading)  # reads copy out of the tiers outside the lock
+            if self._offloader is not None:
+                self._offloader.join()
             if drain and self._backend is not None:
-                for entry in list(self._dram.entries.values()):
-                    if entry.complete and entry.ssd is SsdState.NONE:
-                        self._enqueue(entry)
-            self._cond.notify_all()
-        failure: Optional[IoError] = None
-        if self._offloader is not None:
+                lost = self._only_in_memory()  # what the drain left behind, now that it has stopped
+            self._release_resources()
+        if lost:
+            cause = f": {error}" if error is not None else ""
+            failure = IoError(
+                f"closed with {lost} objects that could not be written to SSD (lost){cause}",
+                path=str(self.path), lost=lost, errno=error.context.get("errno") if error is not None else None,
+            )
+            raise failure from error
+
+    def _drain_offloads(self, drain: bool) -> Optional[GdskvError]:
+        """Wait for the queued offloads at close: with ``drain``, until done or until
+        :data:`CLOSE_DRAIN_TRIES` batches failed (the offloader retries a failed batch every
+        ``offload_retry_s``); without, not at all. Returns the last error, or None."""
+        error: Optional[GdskvError] = None
+        for _ in range(CLOSE_DRAIN_TRIES if drain else 1):
             try:
                 self.flush(timeout=None if drain else 0)
+                return None
             except GdskvError as exc:
-                lost = len(self._pending)
-                log.warning("gdskv: closing with %d objects not on SSD: %s", lost, exc)
-                if drain:
-                    failure = IoError(
-                        f"closed with {lost} objects that could not be written to SSD (lost): {exc}",
-                        path=str(self.path), lost=lost, errno=exc.context.get("errno"),
-                    )
-                    failure.__cause__ = exc
-        with self._lock:
-            self._closed = True
-            self._cond.notify_all()
-            self._wait_idle(lambda: self._reading)  # reads copy out of the tiers outside the lock
-        if self._offloader is not None:
-            self._offloader.join()
-        self._release_resources()
-        if failure is not None:
-            raise failure
+                error = exc
+        log.warning("gdskv: closing with %d objects not on SSD: %s", len(self._pending), error)
+        return error
+
+    def _only_in_memory(self) -> int:
+        """Live objects whose only copy is in DRAM or HBM (not on SSD). The offloader has stopped."""
+        in_dram = sum(
+            1 for entry in self._dram.entries.values()
+            if entry.complete and entry.ssd in (SsdState.NONE, SsdState.PENDING)
+        )
+        in_hbm = 0
+        if self._hbm is not None:
+            in_hbm = sum(1 for key in self._hbm.keys() if key not in self._dram.entries)
+        return in_dram + in_hbm
 
     def _release_resources(self) -> None:
         if self._hbm is not None:
@@ -940,8 +973,16 @@ class Store(OffloadMixin, HbmStoreMixin):
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        """Close the store. When the block raised, that exception goes on: a failure of
+        ``close()`` is then only logged, not raised in its place."""
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except GdskvError as close_error:
+            log.error("gdskv: closing the store after an error in the with block failed too: %s", close_error)
 
     def __repr__(self) -> str:
         return (

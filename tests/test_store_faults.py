@@ -119,6 +119,84 @@ def test_close_says_what_a_full_disk_made_it_lose(tmp_path, backend_engine):
         assert again.get("kept") == kept["kept"] and again.get("lost0") is None
 
 
+def test_close_retries_a_failed_batch_before_it_gives_up(tmp_path):
+    """One failed write is retried at close (after ``offload_retry_s``): nothing is lost and
+    close() does not cry wolf."""
+    store, faulty = open_faulty(tmp_path, "bucket", "psync")
+    values = {f"k{i}": block(20 + i, 50_000) for i in range(3)}
+    faulty.inject("eio", op=IoOp.WRITE, times=1)
+    for key, value in values.items():
+        store.put(key, value)
+    store.close()  # does not raise
+    assert faulty.injected == 1
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB") as again:
+        assert {key: again.get(key) for key in values} == values
+
+
+def test_close_counts_only_live_objects_as_lost(tmp_path):
+    """Objects removed or overwritten while their offload was queued are not lost objects."""
+    store, faulty = open_faulty(tmp_path, "bucket", "psync", bucket_max_keys=2)
+    faulty.inject("enospc", op=IoOp.WRITE)
+    for i in range(4):
+        store.put(f"k{i}", block(30 + i, 40_000))
+    store.put("k3", block(99, 40_000), overwrite=True)
+    assert store.remove("k2")
+    with pytest.raises(gdskv.IoError) as info:
+        store.close()
+    assert info.value.context["lost"] == 3  # k0, k1 and the new k3
+
+
+def test_close_counts_objects_left_only_in_hbm_as_lost(tmp_path):
+    """Device objects that could not leave HBM (DRAM full of objects the full disk would not
+    take) are lost at close too, and counted."""
+    from gdskv.tiers.devpool import HostStandInPool, standin_array
+
+    cfg = gdskv.StoreConfig(dram_bytes=256 << 10, ssd_bytes=64 << 20, bucket_bytes=1 << 20, bucket_max_age_s=0.01,
+                            offload_retry_s=FAST_RETRY_S, put_timeout_s=0.5)
+    faulty = FaultyEngine(make_engine("psync", direct=True, directory=tmp_path))
+    store = gdskv.Store(tmp_path / "store", cfg, engine=faulty, hbm_pool=HostStandInPool(64 << 10))
+    faulty.inject("enospc", op=IoOp.WRITE)
+    for i in range(4):
+        store.put(f"host{i}", block(i, 60_000))  # DRAM nearly full, and none of it can leave
+    for i in range(4):
+        store.put(f"dev{i}", standin_array(block(10 + i, 16 << 10)))
+    in_hbm = store.stats()["hbm"]["objects"]
+    assert in_hbm >= 1
+    with pytest.raises(gdskv.IoError) as info:
+        store.close()
+    assert info.value.context["lost"] == 4 + 4  # every object: the DRAM ones and the HBM ones
+
+
+def test_an_error_in_a_with_block_is_not_replaced_by_a_failing_close(tmp_path, caplog):
+    store, faulty = open_faulty(tmp_path, "bucket", "psync")
+    faulty.inject("enospc", op=IoOp.WRITE)
+    with pytest.raises(KeyError, match="the caller's own error"):
+        with store:
+            store.put("k", block(1, 10_000))
+            raise KeyError("the caller's own error")
+    assert "could not be written to SSD" in caplog.text
+    with pytest.raises(gdskv.StoreClosedError):
+        store.put("k2", block(2, 100))
+
+
+def test_an_interrupted_close_still_closes(tmp_path):
+    """Whatever escapes the drain (here a KeyboardInterrupt from the flush), close()
+    finishes: the store is closed, its lock released, and it can be opened again."""
+    store, faulty = open_faulty(tmp_path, "bucket", "psync")
+    store.put("k", block(1, 10_000))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    store.flush = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        store.close()
+    with pytest.raises(gdskv.StoreClosedError):
+        store.put("k2", block(2, 100))
+    with gdskv.open(tmp_path / "store", dram="16MiB", ssd="64MiB") as again:
+        assert len(again) <= 1
+
+
 def test_a_retry_after_a_failure_does_not_wait_for_the_bucket_age(tmp_path):
     """A flush after a failed batch retries once the pause is over, even when objects may
     wait far longer for a bucket to fill (bucket_max_age_s)."""

@@ -147,14 +147,28 @@ class OffsetBackend(StorageBackend):
         unlink_quietly(self.checkpoint_path.with_name(CHECKPOINT_FILE + ".tmp"))
         loaded = self._load_checkpoint(report)  # first: a newer format raises before any file is touched
         self._open_data_file(empty=loaded is None)
+        try:
+            self._rebuild(loaded, report)
+        except BaseException:
+            # Not recovered (a window that cannot be read now, an interrupt): close the file
+            # and leave everything as it is. close() then writes no checkpoint of a
+            # half-built index, which would drop every object.
+            with self._lock:
+                self._close_fd()
+            raise
+        if report.dropped_torn or report.dropped_corrupt:
+            log.warning(
+                "gdskv: recovery dropped %d torn and %d corrupt records in %s",
+                report.dropped_torn, report.dropped_corrupt, self.dir,
+            )
+        return report
+
+    def _rebuild(self, loaded: Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]], report: RecoveryReport) -> None:
+        """The index from the checkpoint ``loaded`` (None: none) and the window scan, then a
+        fresh checkpoint (see :meth:`recover`). The data file is open."""
         entries, window = loaded if loaded is not None else ({}, [])
         assert self._fd is not None
-        try:
-            found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
-        except GdskvError:  # an unreadable window may be readable later: fail, touch nothing
-            os.close(self._fd)
-            self._fd = None
-            raise
+        found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
         self._next_seq = max(self._next_seq, newest + 1)
         for seq, flags, entry in sorted(found, key=lambda f: f[0]):
             current = entries.get(entry.key)
@@ -185,12 +199,6 @@ class OffsetBackend(StorageBackend):
         report.containers = 1
         with self._wlock:
             self._checkpoint([])
-        if report.dropped_torn or report.dropped_corrupt:
-            log.warning(
-                "gdskv: recovery dropped %d torn and %d corrupt records in %s",
-                report.dropped_torn, report.dropped_corrupt, self.dir,
-            )
-        return report
 
     def _open_data_file(self, *, empty: bool) -> None:
         """Open (or create) the data file and preallocate it to ``capacity``.

@@ -459,3 +459,27 @@ def test_a_window_that_cannot_be_read_fails_the_open_and_touches_nothing(tmp_pat
     again = open_backend(tmp_path, direct_psync)
     verify_holds(again, {"A": (1, 5000), "C": (3, 7000)})
     again.close()
+
+
+def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path, direct_psync, monkeypatch):
+    """Ctrl-C (or any other exception) while the index is rebuilt: the open fails and the
+    backend's close(), which the store calls on that path, writes no checkpoint of the
+    half-built index (that would drop every object)."""
+    import gdskv.tiers.backends.offset as offset_module
+
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"A": value_of(1, 5000), b"K": value_of(2, 7000)}))
+    backend.close()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(offset_module, "scan_window", interrupted)
+    half = OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB)
+    with pytest.raises(KeyboardInterrupt):
+        half.recover()
+    half.close()
+    monkeypatch.undo()
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"A": (1, 5000), "K": (2, 7000)})
+    again.close()
