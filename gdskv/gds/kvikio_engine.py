@@ -26,6 +26,7 @@ only, when the engine is built.
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -102,7 +103,7 @@ class KvikioEngine(IoEngine):
                 raise ConfigError("kvikio needs at least one thread", threads=threads)
             kvikio_defaults(self._kvikio).set("num_threads", threads)
         self.threads = threads
-        self._files: Dict[Tuple[int, int, int], Any] = {}
+        self._files: Dict[Tuple[int, int, int, int], Any] = {}
         self._registered: List[Any] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -119,19 +120,22 @@ class KvikioEngine(IoEngine):
         self._registered.append(buf)
 
     def _cufile(self, request: IoRequest) -> Any:
+        """kvikio's handle for the file open as ``request.fd``: one per descriptor number,
+        file (device, inode) and access mode. A number closed and reused for another file,
+        or for the same file opened another way (a backend reuses an evicted file for
+        writing after reading it), gets a new handle, and the old one is closed. The handle
+        opens the descriptor's own file (``/proc/self/fd/N``), never the path, which may
+        name another file by then (an overwrite renamed over it)."""
         st = os.fstat(request.fd)
-        key = (request.fd, st.st_dev, st.st_ino)
+        access = fcntl.fcntl(request.fd, fcntl.F_GETFL) & os.O_ACCMODE
+        key = (request.fd, st.st_dev, st.st_ino, access)
         with self._lock:
             handle = self._files.get(key)
             if handle is None:
-                import fcntl
-
-                access = fcntl.fcntl(request.fd, fcntl.F_GETFL) & os.O_ACCMODE
-                flags = "r" if access == os.O_RDONLY else "r+"
-                path = request.path or f"/proc/self/fd/{request.fd}"
-                handle = self._kvikio.CuFile(path, flags)
+                proc = f"/proc/self/fd/{request.fd}"
+                handle = self._kvikio.CuFile(proc if os.path.exists(proc) else request.path, "r" if access == os.O_RDONLY else "r+")
                 for stale in [k for k in self._files if k[0] == request.fd]:
-                    self._files.pop(stale).close()  # the number now names another file
+                    self._files.pop(stale).close()  # the number now names another file, or another mode
                 self._files[key] = handle
             return handle
 

@@ -147,6 +147,38 @@ def test_a_reused_descriptor_number_reaches_the_new_file(engine, tmp_path):
     os.close(fd2)
 
 
+def test_the_same_file_opened_for_writing_gets_a_writable_handle(engine, tmp_path):
+    """A backend may read a file, close it, and open the same file (same inode, often the
+    same descriptor number) for writing: the engine's cached read-only handle must not
+    serve that write."""
+    path = tmp_path / "f"
+    path.write_bytes(block(1, 4096))
+    fd = engine.open_file(path, os.O_RDONLY)
+    out = bytearray(4096)
+    engine.run([IoRequest.read(fd, 0, memoryview(out), path=str(path))])
+    os.close(fd)
+    fd2 = engine.open_file(path, os.O_RDWR)
+    assert fd2 == fd
+    engine.run([IoRequest.write(fd2, 0, memoryview(block(2, 4096)), path=str(path))])
+    os.close(fd2)
+    assert path.read_bytes() == block(2, 4096)
+
+
+def test_a_handle_opens_the_descriptors_file_not_the_path(engine, tmp_path):
+    """The path may name another file by the time the engine opens its handle (an
+    overwrite renamed over it): the bytes come from the file the descriptor holds."""
+    path = tmp_path / "f"
+    path.write_bytes(block(1, 4096))
+    fd = engine.open_file(path, os.O_RDONLY)
+    replacement = tmp_path / "f.tmp"
+    replacement.write_bytes(block(2, 4096))
+    os.replace(replacement, path)
+    out = bytearray(4096)
+    engine.run([IoRequest.read(fd, 0, memoryview(out), path=str(path))])
+    os.close(fd)
+    assert bytes(out) == block(1, 4096)
+
+
 def test_gds_mode_is_reported():
     eng = KvikioEngine(device=GPU, kvikio_module=fake_kvikio(compat=False))
     assert eng.describe()["mode"] == "gds"

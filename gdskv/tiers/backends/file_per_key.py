@@ -36,7 +36,7 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
@@ -189,8 +189,8 @@ class FilePerKeyBackend(StorageBackend):
             raise NoSpaceError("batch larger than the NVMe tier", needed=sum(sizes), capacity=self.capacity)
         finals = [self.path_of(key) for key, _, _ in items]
         tmps = [final.with_name(final.name + TMP_SUFFIX) for final in finals]
-        #: Directories whose entries change (new shard directories, victims' files gone),
-        #: fsynced side by side, with the new files' directories, before the write returns.
+        #: Directories that gain a shard directory (the parents of new shards), fsynced side
+        #: by side with the new files' directories before the write returns.
         changed_dirs: Set[Path] = set()
         with self._lock:
             self._check_open()
@@ -245,7 +245,7 @@ class FilePerKeyBackend(StorageBackend):
                 raise failure
             for tmp, final in written:
                 os.replace(tmp, final)
-            _wait_all([self._syncer.submit(fsync_dir, d) for d in {f.parent for _, f in written} | changed_dirs])
+            _wait_all([self._syncer.submit(self._fsync_dir, d) for d in {f.parent for _, f in written} | changed_dirs])
             written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
@@ -264,7 +264,13 @@ class FilePerKeyBackend(StorageBackend):
                 for fd in fds:
                     os.close(fd)
         with self._lock:
-            for entry, fd, (_, final) in zip(entries, fds, written):
+            for entry, fd, (_, final), size in zip(entries, fds, written, sizes):
+                if os.fstat(fd).st_nlink == 0:
+                    # A remove() of the key ran after the rename and unlinked the new file
+                    # (it found the old entry): the remove came last, the key stays absent.
+                    self._used -= size
+                    os.close(fd)
+                    continue
                 older = self._objects.get(entry.key)
                 if older is not None:  # the rename replaced its file
                     self._used -= record_size(len(older.key), older.value_len)
@@ -406,10 +412,20 @@ class FilePerKeyBackend(StorageBackend):
             unpin(handle)
 
     def _open_file(self, path: "str | Path", flags: int, *, lock_held: bool) -> int:
-        """Open a record file through the engine; when the process is out of descriptors
-        (EMFILE, ENFILE), close the cached ones no read is using and try once more. Raises OSError."""
+        """Open a record file through the engine (see :meth:`_with_descriptors`)."""
+        return self._with_descriptors(self.engine.open_file, path, flags, 0o644, lock_held=lock_held)
+
+    def _fsync_dir(self, path: Path) -> None:
+        """fsync a directory (see :meth:`_with_descriptors`); the lock is not held."""
+        self._with_descriptors(fsync_dir, path, lock_held=False)
+
+    def _with_descriptors(self, call: Callable[..., Any], *args: Any, lock_held: bool) -> Any:
+        """``call(*args)``, which opens a descriptor; when the process is out of them
+        (EMFILE, ENFILE), close the cached ones no read is using and try once more. The
+        cache holds up to half of the process's limit, so anything here that opens a file
+        must make room this way. Raises OSError."""
         try:
-            return self.engine.open_file(path, flags, 0o644)
+            return call(*args)
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
@@ -421,7 +437,7 @@ class FilePerKeyBackend(StorageBackend):
             if not closed:
                 raise
             log.info("gdskv: out of file descriptors; closed %d cached ones of %s", closed, self.dir)
-        return self.engine.open_file(path, flags, 0o644)
+        return call(*args)
 
     def _drop_read(self, pin: Handle, entry: IndexEntry, why: str) -> None:
         path = self.path_of(entry.key)
@@ -449,7 +465,7 @@ class FilePerKeyBackend(StorageBackend):
                 return False
             parent = self._unlink(key)
         try:
-            fsync_dir(parent)
+            self._fsync_dir(parent)
         except OSError as exc:
             raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(parent), errno=exc.errno) from exc
         return True

@@ -7,8 +7,11 @@ up to a limit.
 
 A descriptor is *pinned* while a read is in flight on it. A pinned handle is never pushed
 out of the cache (the cache may hold more than its limit meanwhile), so a key with a read in
-flight on its current file is always :meth:`OpenFiles.busy`: the owner must not reuse that
-file. Dropping a key (its file was replaced, removed or evicted) never closes a pinned
+flight through its current handle is :meth:`OpenFiles.busy`: the owner must not reuse that
+file. (One case escapes: in the file-per-key backend, a read that opens a key's path just
+after an overwrite renamed a new file there, before the index changed, tags the new file
+with the old record's number; the write's own handle then replaces it. That read checks
+the new bytes against the old record and is a miss whatever happens to the file.) Dropping a key (its file was replaced, removed or evicted) never closes a pinned
 descriptor: its last reader does, in :meth:`OpenFiles.unpin`. Each handle carries a *tag*
 (the record's sequence number), so a handle of an older file is never served for a newer
 record of the same key.

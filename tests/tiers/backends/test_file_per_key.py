@@ -435,3 +435,62 @@ def test_sigkill_while_every_write_evicts_and_reuses_files(tmp_path, direct_psyn
         assert backend.stats()["corrupt_reads"] == 0
         backend.close()
         first = last_batch[-1] + 1 + per_batch  # past the batch the kill cut short
+
+
+def test_a_remove_between_an_overwrites_rename_and_its_index_wins(tmp_path, direct_psync, monkeypatch):
+    """An overwrite renames its file into place before it updates the index. A remove() in
+    between finds the old entry and unlinks the path, which is the new file by then. The
+    write must not index (and serve through its descriptor) a file that is gone: the
+    remove came last, the key stays absent, in memory and after a reopen alike."""
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gates import Gate
+
+    backend = open_backend(tmp_path, direct_psync)
+    old, new = block(1, 10_000), block(2, 10_000)
+    backend.write(items({b"k": old, b"other": old}))
+    used = backend.used_bytes
+    gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
+    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
+    writer.start()
+    try:
+        gate.wait_reached()
+        assert backend.remove(b"k")
+    finally:
+        gate.open()
+        writer.join(10)
+    assert backend.keys() == [b"other"] and read(backend, b"k", len(new)) is None
+    assert backend.used_bytes == used // 2 and backend.stats()["open_files"] == 1
+    backend.close()
+    again = open_backend(tmp_path, direct_psync)
+    assert again.keys() == [b"other"]
+    again.close()
+
+
+def test_reusing_a_file_read_before_works_through_the_kvikio_engine(tmp_path):
+    """kvikio keeps a handle per descriptor and file: after a restart, a read opens an object
+    read-only; a write that evicts it reuses that very file (and descriptor number) for
+    writing."""
+    from gds.test_kvikio_engine import GPU, fake_kvikio
+    from gdskv.gds.kvikio_engine import KvikioEngine
+    from gdskv.tiers.backends.record import record_size
+
+    size = 100_000
+    capacity = 2 * record_size(2, size)
+    engine = KvikioEngine(device=GPU, kvikio_module=fake_kvikio(compat=True))
+    backend = FilePerKeyBackend(tmp_path, engine, capacity=capacity)
+    backend.recover()
+    backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    backend.close()
+    engine.close()
+    engine = KvikioEngine(device=GPU, kvikio_module=fake_kvikio(compat=True))  # a restart
+    backend = FilePerKeyBackend(tmp_path, engine, capacity=capacity)
+    backend.recover()
+    assert read(backend, b"k0", size) == block(0, size)
+    assert backend.write(items({b"k2": block(2, size)})) == [b"k0"]
+    assert backend.stats()["files_reused"] == 1
+    assert sorted(backend.keys()) == [b"k1", b"k2"] and read(backend, b"k2", size) == block(2, size)
+    backend.close()
+    engine.close()
