@@ -91,3 +91,12 @@ def test_fio_memory_without_the_right_to_lock_huge_pages(monkeypatch):
     with pytest.raises(SystemExit, match="may not lock huge pages"):
         bench.FioMemory("huge", 32 << 20)
     assert bench.FioMemory("malloc", 32 << 20).describe().startswith("on 4 KiB pages (--mem=malloc; as asked)")
+
+
+def test_ratios_print_rounded_down_so_a_miss_never_reads_as_the_target():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from bench_io import fmt_ratio
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert [fmt_ratio(r) for r in (0.4957, 0.5, 0.29, 0.899999, 1.249, None)] == ["0.49x", "0.50x", "0.29x", "0.89x", "1.24x", "-"]
