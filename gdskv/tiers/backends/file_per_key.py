@@ -205,6 +205,7 @@ class FilePerKeyBackend(StorageBackend):
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
         heads = HeadBlocks(len(key) for key, _, _ in items)
+        renamed = 0  # files renamed into place: from then on they are what the paths hold
         written_ok = False
         try:
             # Files are created and their writes submitted a group at a time, so the device
@@ -245,24 +246,35 @@ class FilePerKeyBackend(StorageBackend):
                 raise failure
             for tmp, final in written:
                 os.replace(tmp, final)
+                renamed += 1
             _wait_all([self._syncer.submit(self._fsync_dir, d) for d in {f.parent for _, f in written} | changed_dirs])
             written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
                 future.outcomes()
             concurrent.futures.wait(syncs)
-            for tmp in tmps[: max(reused, len(written))]:  # reused files not yet opened too
+            for tmp in tmps[renamed : max(reused, len(written))]:  # reused files not yet opened too
                 unlink_quietly(tmp)
             with self._lock:
-                self._used -= sum(sizes)
+                self._used -= sum(sizes[renamed:])
+            # The files renamed into place (their data synced) are what their paths hold
+            # now, so the index takes them too, though the write failed: memory and disk
+            # agree, and a retry of the write overwrites them.
+            self._commit(entries[:renamed], fds[:renamed], written[:renamed], sizes[:renamed])
             if isinstance(exc, GdskvError):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         finally:
             heads.close()
             if not written_ok:
-                for fd in fds:
+                for fd in fds[renamed:]:
                     os.close(fd)
+        self._commit(entries, fds, written, sizes)
+        return evicted
+
+    def _commit(self, entries: List[IndexEntry], fds: List[int], written: List[Tuple[Path, Path]], sizes: List[int]) -> None:
+        """Index the files of ``entries``, renamed into place, and cache their descriptors
+        (each already counted in ``_used``). Takes the lock."""
         with self._lock:
             for entry, fd, (_, final), size in zip(entries, fds, written, sizes):
                 if os.fstat(fd).st_nlink == 0:
@@ -281,9 +293,8 @@ class FilePerKeyBackend(StorageBackend):
                     os.close(fd)
                 else:  # after its rename the descriptor is the record's file: reads use it
                     self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
-            self.counters["files_written"] += len(items)
+            self.counters["files_written"] += len(entries)
             self.counters["bytes_written"] += sum(sizes)
-        return evicted
 
     @staticmethod
     def _make_shard(shard: Path, changed_dirs: Set[Path]) -> None:

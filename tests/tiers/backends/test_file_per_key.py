@@ -494,3 +494,31 @@ def test_reusing_a_file_read_before_works_through_the_kvikio_engine(tmp_path):
     assert sorted(backend.keys()) == [b"k1", b"k2"] and read(backend, b"k2", size) == block(2, size)
     backend.close()
     engine.close()
+
+
+def test_a_write_that_fails_after_its_renames_indexes_what_they_put_in_place(tmp_path, direct_psync, monkeypatch):
+    """When a directory fsync fails after the files were renamed into place, the write
+    fails, but the paths hold the new (synced) files: the index takes them, so reads serve
+    what a reopen finds, and a retry overwrites them."""
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gdskv.errors import IoError
+
+    backend = open_backend(tmp_path, direct_psync)
+    old, new = block(1, 10_000), block(2, 12_000)
+    backend.write(items({b"k": old}))
+    real = fpk.fsync_dir
+
+    def failing(path):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(fpk, "fsync_dir", failing)
+    with pytest.raises(IoError):
+        backend.write(items({b"k": new, b"n": old}))
+    monkeypatch.setattr(fpk, "fsync_dir", real)
+    assert sorted(backend.keys()) == [b"k", b"n"] and read(backend, b"k", len(new)) == new
+    assert backend.used_bytes == sum(os.path.getsize(p) for p in all_files(tmp_path / "files"))
+    backend.write(items({b"k": new}))  # the retry
+    backend.close()
+    again = open_backend(tmp_path, direct_psync)
+    assert sorted(again.keys()) == [b"k", b"n"] and read(again, b"k", len(new)) == new
+    again.close()
