@@ -36,6 +36,29 @@ def open_backend(root, direct_psync, **kw) -> FilePerKeyBackend:
 
 
 @contextlib.contextmanager
+def overwrite_held_after_its_rename(backend, monkeypatch, key: bytes, value: bytes):
+    """Run the body while a write of ``key`` on another thread is held just after it renamed
+    its file into place and before it updates the index (at its directory fsyncs)."""
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gates import Gate
+
+    real = fpk.fsync_dir
+    gate = Gate(real)
+    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    writer = threading.Thread(target=lambda: backend.write(items({key: value})))
+    writer.start()
+    try:
+        gate.wait_reached()
+        yield
+    finally:
+        gate.open()
+        writer.join(10)
+    monkeypatch.setattr(fpk, "fsync_dir", real)
+
+
+@contextlib.contextmanager
 def out_of_descriptors():
     """Run the body with this process at its descriptor limit: every open fails with EMFILE
     until something is closed. The limit is lowered and the rest taken by /dev/null."""
@@ -163,23 +186,12 @@ def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_ps
     window that opens the path checks the new file against the old entry and fails: a miss,
     but the new file must stay (it is the value the write is about to acknowledge). A read
     through the cached descriptor of the old file still gets the old value."""
-    import threading
-
-    import gdskv.tiers.backends.file_per_key as fpk
-    from gates import Gate
-
     backend = open_backend(tmp_path, direct_psync, open_files=open_files)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old}))
-    gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
-    monkeypatch.setattr(fpk, "fsync_dir", gate)
-    writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
-    writer.start()
-    gate.wait_reached()
-    # Uncached: the new bytes fail the old entry's CRC. Cached: the old file's descriptor.
-    assert read(backend, b"k", len(new)) == (None if open_files == 0 else old)
-    gate.open()
-    writer.join(10)
+    with overwrite_held_after_its_rename(backend, monkeypatch, b"k", new):
+        # Uncached: the new bytes fail the old entry's CRC. Cached: the old file's descriptor.
+        assert read(backend, b"k", len(new)) == (None if open_files == 0 else old)
     assert read(backend, b"k", len(new)) == new
     backend.close()
 
@@ -208,24 +220,11 @@ def test_check_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psy
     it updates the index; a check() in that window finds the new file against the old entry.
     It must not call it corrupt and unlink it: that file is the value the write is about to
     acknowledge."""
-    import threading
-
-    import gdskv.tiers.backends.file_per_key as fpk
-    from gates import Gate
-
     backend = open_backend(tmp_path, direct_psync)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old, b"other": old}))
-    gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
-    monkeypatch.setattr(fpk, "fsync_dir", gate)
-    writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
-    writer.start()
-    try:
-        gate.wait_reached()
+    with overwrite_held_after_its_rename(backend, monkeypatch, b"k", new):
         dropped = backend.check()
-    finally:
-        gate.open()
-        writer.join(10)
     assert dropped == [] and backend.counters["corrupt_reads"] == 0
     assert backend.path_of(b"k").exists() and read(backend, b"k", len(new)) == new
     backend.close()
@@ -442,25 +441,12 @@ def test_a_remove_between_an_overwrites_rename_and_its_index_wins(tmp_path, dire
     between finds the old entry and unlinks the path, which is the new file by then. The
     write must not index (and serve through its descriptor) a file that is gone: the
     remove came last, the key stays absent, in memory and after a reopen alike."""
-    import threading
-
-    import gdskv.tiers.backends.file_per_key as fpk
-    from gates import Gate
-
     backend = open_backend(tmp_path, direct_psync)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old, b"other": old}))
     used = backend.used_bytes
-    gate = Gate(fpk.fsync_dir)  # holds the overwrite after its rename, before the index
-    monkeypatch.setattr(fpk, "fsync_dir", gate)
-    writer = threading.Thread(target=lambda: backend.write(items({b"k": new})))
-    writer.start()
-    try:
-        gate.wait_reached()
+    with overwrite_held_after_its_rename(backend, monkeypatch, b"k", new):
         assert backend.remove(b"k")
-    finally:
-        gate.open()
-        writer.join(10)
     assert backend.keys() == [b"other"] and read(backend, b"k", len(new)) is None
     assert backend.used_bytes == used // 2 and backend.stats()["open_files"] == 1
     backend.close()
