@@ -925,17 +925,16 @@ class Store(OffloadMixin, HbmStoreMixin):
                 lost = self._only_in_memory()  # what the drain left behind, now that it has stopped
             self._release_resources()
         if lost:
-            cause = f": {error}" if error is not None else ""
-            failure = IoError(
-                f"closed with {lost} objects that could not be written to SSD (lost){cause}",
-                path=str(self.path), lost=lost, errno=error.context.get("errno") if error is not None else None,
-            )
-            raise failure from error
+            raise IoError(
+                f"closed with {lost} objects that could not be written to SSD (lost)" + (f": {error}" if error else ""),
+                path=str(self.path), lost=lost, errno=error.context.get("errno") if error else None,
+            ) from error
 
     def _drain_offloads(self, drain: bool) -> Optional[GdskvError]:
         """Wait for the queued offloads at close: with ``drain``, until done or until
         :data:`CLOSE_DRAIN_TRIES` batches failed (the offloader retries a failed batch every
-        ``offload_retry_s``); without, not at all. Returns the last error, or None."""
+        ``offload_retry_s``); without, not at all (what is left is logged). Returns the last
+        error, or None."""
         error: Optional[GdskvError] = None
         for _ in range(CLOSE_DRAIN_TRIES if drain else 1):
             try:

@@ -131,14 +131,21 @@ def test_failed_write_is_an_io_error_with_the_path(engine, tmp_path):
     os.close(fd)
 
 
+def read_and_close(engine, path) -> int:
+    """Read 4 KiB of ``path`` through the engine on a descriptor opened for it, close that
+    descriptor, and return its number (the kernel hands the lowest free one out next)."""
+    fd = engine.open_file(path, os.O_RDONLY)
+    engine.run([IoRequest.read(fd, 0, memoryview(bytearray(4096)), path=str(path))])
+    os.close(fd)
+    return fd
+
+
 def test_a_reused_descriptor_number_reaches_the_new_file(engine, tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     first.write_bytes(block(1, 4096))
     second.write_bytes(block(2, 4096))
-    fd = engine.open_file(first, os.O_RDONLY)
+    fd = read_and_close(engine, first)
     out = bytearray(4096)
-    engine.run([IoRequest.read(fd, 0, memoryview(out), path=str(first))])
-    os.close(fd)
     fd2 = engine.open_file(second, os.O_RDONLY)
     assert fd2 == fd  # the kernel reuses the lowest free number
     engine.run([IoRequest.read(fd2, 0, memoryview(out), path=str(second))])
@@ -153,10 +160,7 @@ def test_the_same_file_opened_for_writing_gets_a_writable_handle(engine, tmp_pat
     serve that write."""
     path = tmp_path / "f"
     path.write_bytes(block(1, 4096))
-    fd = engine.open_file(path, os.O_RDONLY)
-    out = bytearray(4096)
-    engine.run([IoRequest.read(fd, 0, memoryview(out), path=str(path))])
-    os.close(fd)
+    fd = read_and_close(engine, path)
     fd2 = engine.open_file(path, os.O_RDWR)
     assert fd2 == fd
     engine.run([IoRequest.write(fd2, 0, memoryview(block(2, 4096)), path=str(path))])

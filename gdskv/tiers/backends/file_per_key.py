@@ -200,8 +200,7 @@ class FilePerKeyBackend(StorageBackend):
             self._next_seq += len(items)
             self._used += sum(sizes)  # reserved; released if the write fails
         entries: List[IndexEntry] = []
-        written: List[Tuple[Path, Path]] = []
-        fds: List[int] = []
+        fds: List[int] = []  # fds[i]: item i's file, open (under tmps[i] until renamed)
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
         heads = HeadBlocks(len(key) for key, _, _ in items)
@@ -213,20 +212,17 @@ class FilePerKeyBackend(StorageBackend):
             requests: List[IoRequest] = []
             group_start = group_bytes = 0
             for i, (key, value, crc) in enumerate(items):
-                final, tmp = finals[i], tmps[i]
-                if i < reused:  # an evicted file, renamed to this temporary name
-                    fd = self._open_file(tmp, os.O_RDWR, lock_held=False)
-                    fds.append(fd)
-                    written.append((tmp, final))
+                reusing = i < reused  # an evicted file, renamed to this temporary name
+                if not reusing:
+                    self._make_shard(finals[i].parent, changed_dirs)
+                fd = self._open_file(tmps[i], os.O_RDWR if reusing else os.O_RDWR | os.O_CREAT | os.O_TRUNC, lock_held=False)
+                fds.append(fd)
+                if reusing:
                     fit_reused_file(fd, sizes[i])  # the record covers every byte
                 else:
-                    self._make_shard(final.parent, changed_dirs)
-                    fd = self._open_file(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, lock_held=False)
-                    fds.append(fd)
-                    written.append((tmp, final))
                     preallocate(fd, sizes[i])
                 head = heads.encode(key, value.nbytes, first_seq + i, crc)
-                requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmp)))
+                requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmps[i])))
                 entries.append(IndexEntry(key, head.nbytes, value.nbytes, first_seq + i, crc))
                 group_bytes += sizes[i]
                 if group_bytes >= SUBMIT_BYTES or i == len(items) - 1:
@@ -244,23 +240,23 @@ class FilePerKeyBackend(StorageBackend):
             _wait_all(syncs)
             if failure is not None:
                 raise failure
-            for tmp, final in written:
+            for tmp, final in zip(tmps, finals):
                 os.replace(tmp, final)
                 renamed += 1
-            _wait_all([self._syncer.submit(self._fsync_dir, d) for d in {f.parent for _, f in written} | changed_dirs])
+            _wait_all([self._syncer.submit(self._fsync_dir, d) for d in {f.parent for f in finals} | changed_dirs])
             written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
                 future.outcomes()
             concurrent.futures.wait(syncs)
-            for tmp in tmps[renamed : max(reused, len(written))]:  # reused files not yet opened too
+            for tmp in tmps[renamed : max(reused, len(fds))]:  # reused files not yet opened too
                 unlink_quietly(tmp)
             with self._lock:
                 self._used -= sum(sizes[renamed:])
             # The files renamed into place (their data synced) are what their paths hold
             # now, so the index takes them too, though the write failed: memory and disk
             # agree, and a retry of the write overwrites them.
-            self._commit(entries[:renamed], fds[:renamed], written[:renamed], sizes[:renamed])
+            self._commit(entries[:renamed], fds[:renamed], finals, sizes)
             if isinstance(exc, GdskvError):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
@@ -269,14 +265,15 @@ class FilePerKeyBackend(StorageBackend):
             if not written_ok:
                 for fd in fds[renamed:]:
                     os.close(fd)
-        self._commit(entries, fds, written, sizes)
+        self._commit(entries, fds, finals, sizes)
         return evicted
 
-    def _commit(self, entries: List[IndexEntry], fds: List[int], written: List[Tuple[Path, Path]], sizes: List[int]) -> None:
-        """Index the files of ``entries``, renamed into place, and cache their descriptors
-        (each already counted in ``_used``). Takes the lock."""
+    def _commit(self, entries: List[IndexEntry], fds: List[int], finals: List[Path], sizes: List[int]) -> None:
+        """Index the files of ``entries`` (item ``i``'s descriptor ``fds[i]``, renamed into
+        place at ``finals[i]``, ``sizes[i]`` bytes already counted in ``_used``) and cache
+        their descriptors. Takes the lock."""
         with self._lock:
-            for entry, fd, (_, final), size in zip(entries, fds, written, sizes):
+            for entry, fd, final, size in zip(entries, fds, finals, sizes):
                 if os.fstat(fd).st_nlink == 0:
                     # A remove() of the key ran after the rename and unlinked the new file
                     # (it found the old entry): the remove came last, the key stays absent.
@@ -294,7 +291,7 @@ class FilePerKeyBackend(StorageBackend):
                 else:  # after its rename the descriptor is the record's file: reads use it
                     self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
             self.counters["files_written"] += len(entries)
-            self.counters["bytes_written"] += sum(sizes)
+            self.counters["bytes_written"] += sum(sizes[: len(entries)])
 
     @staticmethod
     def _make_shard(shard: Path, changed_dirs: Set[Path]) -> None:

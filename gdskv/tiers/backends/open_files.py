@@ -98,7 +98,7 @@ class OpenFiles:
             handle.pins = 1
             self.opens += 1
         self._handles[key] = handle
-        self._trim()
+        self._trim(self.limit)
         return handle
 
     def unpin(self, handle: Handle) -> None:
@@ -110,13 +110,14 @@ class OpenFiles:
         if not handle.cached:
             os.close(handle.fd)
         elif len(self._handles) > self.limit:
-            self._trim()
+            self._trim(self.limit)
 
-    def _trim(self) -> None:
-        """Retire the least recently used unpinned handles while more than ``limit`` are held."""
-        excess = len(self._handles) - self.limit
+    def _trim(self, keep: int) -> int:
+        """Close the least recently used handles no read is using while more than ``keep``
+        are held; returns how many were closed."""
+        excess = len(self._handles) - keep
         if excess <= 0:
-            return
+            return 0
         idle: List[bytes] = []
         for key, handle in self._handles.items():  # oldest first; pinned ones are few
             if handle.pins == 0:
@@ -125,6 +126,7 @@ class OpenFiles:
                     break
         for key in idle:
             self._retire(self._handles.pop(key))
+        return len(idle)
 
     def discard(self, key: bytes) -> None:
         """Drop the handle of ``key``, if any (closed now, or by its last reader)."""
@@ -136,10 +138,7 @@ class OpenFiles:
         """Close every handle no read is using (for when the process runs out of
         descriptors); returns how many. Pinned ones stay: they cannot be closed yet, and
         their keys must stay :meth:`busy`."""
-        idle = [key for key, handle in self._handles.items() if handle.pins == 0]
-        for key in idle:
-            self._retire(self._handles.pop(key))
-        return len(idle)
+        return self._trim(0)
 
     def clear(self) -> None:
         """Drop every handle."""
