@@ -2,18 +2,23 @@
 
 Layout under ``<store>/files/``::
 
-    <h[0:2]>/<h[2:4]>/<h>.rec      h = hex XXH3-128 of the key
+    <h[0]>/<h[1]>/<h>.rec      h = hex XXH3-128 of the key
 
 Each file holds exactly one record (see :mod:`record`: header, key, value at 4 KiB), so
 ``ls`` and ``xxd`` show what is stored, and the key is read from the file header, never
 from the path. File names come from a hash of the key, so no key — ``../x``, ``/etc``,
 NUL bytes, 4 KiB of anything — can name a path outside the store directory.
 
+The tree has a fixed 16 x 16 = 256 shard directories, all made when the store is opened:
+a write never creates a directory (on the test VM a mkdir cost as much as writing a
+quarter of a 2 MiB file), and the tree does not grow with the objects. Files found
+elsewhere under ``files/`` when the store opens (the ``<h[0:2]>/<h[2:4]>/`` tree of
+earlier versions) are moved to their place.
+
 A write makes each file under a temporary name (through the I/O engine, ``O_DIRECT`` where
 allowed), fdatasyncs it (as soon as its own write completes, the batch's syncs side by side
 on a few threads), renames it into place and then fsyncs, side by side, every directory
-whose entries changed (the shard directories, and their parents when a shard is new); only
-then does the write return;
+whose entries changed; only then does the write return;
 recovery deletes leftover temporary files and drops files whose header, checksum or name
 does not match their content. ``remove`` unlinks the file and fsyncs its directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
@@ -32,6 +37,7 @@ runs out of descriptors the cached ones no read is using are closed and the open
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import logging
 import os
@@ -62,6 +68,8 @@ log = logging.getLogger(__name__)
 _READ = IoOp.READ
 
 SUFFIX = ".rec"
+#: The hex digits that name the shard directories of each of the tree's two levels.
+SHARD_DIGITS = "0123456789abcdef"
 #: Files (and directories) of one batch synced at once.
 SYNC_THREADS = 16
 #: Bytes of records whose files are created before their writes are submitted together.
@@ -116,14 +124,16 @@ class FilePerKeyBackend(StorageBackend):
     def path_str(self, key: bytes) -> str:
         """:meth:`path_of` as a string, built without ``pathlib`` (the read path's form)."""
         name = file_name(key)
-        return f"{self._dir_str}/{name[0:2]}/{name[2:4]}/{name}"
+        return f"{self._dir_str}/{name[0]}/{name[1]}/{name}"
 
     # ------------------------------------------------------------------ recovery
 
     def recover(self) -> RecoveryReport:
-        """Index every intact record file; delete temporary and corrupt ones."""
+        """Make the shard tree; index every intact record file; delete temporary and
+        corrupt ones; move files found outside their place (an older layout) into it."""
+        self._make_tree()
         report = RecoveryReport()
-        found: List[Tuple[int, IndexEntry]] = []
+        found: Dict[bytes, Tuple[IndexEntry, Path]] = {}
         for dirpath, _dirs, names in os.walk(self.dir):
             for name in names:
                 path = Path(dirpath) / name
@@ -136,8 +146,14 @@ class FilePerKeyBackend(StorageBackend):
                     unlink_quietly(path)
                     report.dropped_corrupt += 1
                     continue
-                found.append((entry.seq, entry))
-        for _, entry in sorted(found, key=lambda f: f[0]):
+                other = found.get(entry.key)
+                if other is not None:  # the same key in two places (two layouts): newest wins
+                    older, newer = (other, (entry, path)) if other[0].seq < entry.seq else ((entry, path), other)
+                    unlink_quietly(older[1])
+                    entry, path = newer
+                found[entry.key] = (entry, path)
+        self._move_into_place([(path, self.path_of(key)) for key, (_, path) in found.items() if path != self.path_of(key)])
+        for entry, _ in sorted(found.values(), key=lambda f: f[0].seq):
             self._objects[entry.key] = entry
             self._policy.insert(entry.key)
             self._used += record_size(len(entry.key), entry.value_len)
@@ -150,6 +166,47 @@ class FilePerKeyBackend(StorageBackend):
                 report.dropped_torn, report.dropped_corrupt, self.dir,
             )
         return report
+
+    def _make_tree(self) -> None:
+        """Create the shard directories that are missing and fsync the directories that
+        gained one. Raises IoError."""
+        changed: Set[Path] = set()
+        try:
+            for first in SHARD_DIGITS:
+                for second in SHARD_DIGITS:
+                    self._make_shard(self.dir / first / second, changed)
+            _wait_all([self._syncer.submit(fsync_dir, d) for d in changed])
+        except OSError as exc:
+            raise IoError(f"cannot create the shard directories: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+
+    def _is_shard_dir(self, path: Path) -> bool:
+        """Whether ``path`` is a directory of the shard tree (either level)."""
+        parts = path.relative_to(self.dir).parts
+        return 1 <= len(parts) <= 2 and all(len(p) == 1 and p in SHARD_DIGITS for p in parts)
+
+    def _move_into_place(self, moves: List[Tuple[Path, Path]]) -> None:
+        """Rename each record file found outside its place to where :meth:`path_of` puts it,
+        fsync the directories involved, and delete directories left empty that are not
+        part of the shard tree. Raises IoError."""
+        if not moves:
+            return
+        try:
+            for found_at, place in moves:
+                os.replace(found_at, place)
+            _wait_all([self._syncer.submit(fsync_dir, d) for d in {p.parent for m in moves for p in m}])
+        except OSError as exc:
+            raise IoError(f"cannot move a record file into place: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+        emptied: Set[Path] = set()
+        for dirpath, _dirs, _names in os.walk(self.dir, topdown=False):
+            path = Path(dirpath)
+            if path != self.dir and not self._is_shard_dir(path):
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only an empty one goes
+                    emptied.add(path.parent)
+        for parent in emptied:
+            if parent.exists():
+                _fsync_dir_quietly(parent)
+        log.info("gdskv: moved %d record files of an older layout into place in %s", len(moves), self.dir)
 
     def _load(self, path: Path) -> Optional[IndexEntry]:
         """The entry of one record file, or None if it is not an intact record of its name."""
@@ -213,9 +270,7 @@ class FilePerKeyBackend(StorageBackend):
             group_start = group_bytes = 0
             for i, (key, value, crc) in enumerate(items):
                 reusing = i < reused  # an evicted file, renamed to this temporary name
-                if not reusing:
-                    self._make_shard(finals[i].parent, changed_dirs)
-                fd = self._open_file(tmps[i], os.O_RDWR if reusing else os.O_RDWR | os.O_CREAT | os.O_TRUNC, lock_held=False)
+                fd = self._open_file(tmps[i], os.O_RDWR, lock_held=False) if reusing else self._create_file(tmps[i], changed_dirs)
                 fds.append(fd)
                 if reusing:
                     fit_reused_file(fd, sizes[i])  # the record covers every byte
@@ -292,6 +347,17 @@ class FilePerKeyBackend(StorageBackend):
                     self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
             self.counters["files_written"] += len(entries)
             self.counters["bytes_written"] += sum(sizes[: len(entries)])
+
+    def _create_file(self, path: Path, changed_dirs: Set[Path]) -> int:
+        """Create (or truncate) the temporary file ``path`` and return its descriptor. The
+        shard tree is made when the store opens; a shard directory removed since is made
+        again (and added to ``changed_dirs``). Raises OSError."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+        try:
+            return self._open_file(path, flags, lock_held=False)
+        except FileNotFoundError:
+            self._make_shard(path.parent, changed_dirs)
+            return self._open_file(path, flags, lock_held=False)
 
     @staticmethod
     def _make_shard(shard: Path, changed_dirs: Set[Path]) -> None:
@@ -564,12 +630,16 @@ def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
 
 
 def _move_file(path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
-    """Rename the file ``path`` to ``to``, creating the shard directory of ``to`` (and its
-    parent) where missing (see :meth:`FilePerKeyBackend._make_shard`); returns whether it
-    was moved."""
+    """Rename the file ``path`` to ``to``, making the shard directory of ``to`` again if it
+    was removed (see :meth:`FilePerKeyBackend._create_file`); returns whether it was moved."""
     try:
-        FilePerKeyBackend._make_shard(to.parent, changed_dirs)
-        os.replace(path, to)
+        try:
+            os.replace(path, to)
+        except FileNotFoundError:
+            if to.parent.is_dir():
+                return False  # ``path`` is gone
+            FilePerKeyBackend._make_shard(to.parent, changed_dirs)
+            os.replace(path, to)
     except OSError:
         return False
     return True

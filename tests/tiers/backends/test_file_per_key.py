@@ -160,23 +160,85 @@ def test_a_corrupt_file_is_a_miss_and_is_deleted(tmp_path, direct_psync):
     backend.close()
 
 
+def shard_dirs(root):
+    return sorted(str(p.relative_to(root)) for p in root.glob("*/*") if p.is_dir())
+
+
+def test_the_store_opens_with_its_whole_shard_tree_synced(tmp_path, direct_psync, monkeypatch):
+    """All 16 x 16 shard directories exist once the store is open, and every directory that
+    gained one was fsynced: a write never creates a directory."""
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    synced = []
+    real = fpk.fsync_dir
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    backend = open_backend(tmp_path, direct_psync)
+    root = tmp_path / "files"
+    digits = "0123456789abcdef"
+    assert shard_dirs(root) == [f"{a}/{b}" for a in digits for b in digits]
+    assert sorted(synced) == sorted([str(root)] + [str(root / a) for a in digits])
+    synced.clear()
+    backend.close()
+    backend = open_backend(tmp_path, direct_psync)  # a reopen finds the tree: nothing to sync
+    assert synced == []
+    backend.close()
+
+
 def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct_psync, monkeypatch):
-    """The file's shard directory, and the directories that gained a new shard directory:
-    otherwise a power loss could drop a new shard (and the file in it) after the write
-    was acknowledged."""
+    """The file's shard directory; and when a shard directory was removed behind the store's
+    back, the write makes it again and syncs the directories that gained one: otherwise a
+    power loss could drop the shard (and the file in it) after the write was acknowledged."""
+    import shutil
+
     import gdskv.tiers.backends.file_per_key as fpk
 
     backend = open_backend(tmp_path, direct_psync)
     synced = []
     real = fpk.fsync_dir
     monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
-    backend.write(items({b"first": block(1, 5000)}))
     name = file_name(b"first")
     root = tmp_path / "files"
-    assert set(synced) == {str(root), str(root / name[:2]), str(root / name[:2] / name[2:4])}
+    backend.write(items({b"first": block(1, 5000)}))
+    assert synced == [str(root / name[0] / name[1])]
+    assert backend.path_of(b"first") == root / name[0] / name[1] / name
     synced.clear()
-    backend.write(items({b"first": block(2, 5000)}))  # the shards exist now
-    assert synced == [str(root / name[:2] / name[2:4])]
+    shutil.rmtree(root / name[0])
+    backend.write(items({b"first": block(2, 5000)}))
+    assert set(synced) == {str(root), str(root / name[0]), str(root / name[0] / name[1])}
+    assert read(backend, b"first", 5000) == block(2, 5000)
+    backend.close()
+
+
+def test_files_of_the_older_layout_move_into_place(tmp_path, direct_psync):
+    """A store written with the ``<h[0:2]>/<h[2:4]>/`` tree of earlier versions opens with
+    every object; its files are moved into the shard tree and the old directories go. A key
+    found in both places keeps its newest file."""
+    values = {f"k{i}".encode(): block(i, 3000 + i) for i in range(40)}
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items(values))
+    stale = backend.path_of(b"k0").read_bytes()
+    backend.write(items({b"k0": block(99, 1234)}))
+    backend.close()
+    root = tmp_path / "files"
+    for key in values:  # the older tree, as earlier versions wrote it
+        name = file_name(key)
+        old = root / name[0:2] / name[2:4] / name
+        old.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(root / name[0] / name[1] / name, old)
+    name = file_name(b"k0")
+    (root / name[0] / name[1] / name).write_bytes(stale)  # an older copy of k0 in the new place
+
+    backend = open_backend(tmp_path, direct_psync)
+    assert len(backend) == len(values)
+    for key, value in values.items():
+        expected = block(99, 1234) if key == b"k0" else value
+        assert read(backend, key, len(expected)) == expected
+    digits = "0123456789abcdef"
+    assert shard_dirs(root) == [f"{a}/{b}" for a in digits for b in digits]
+    assert sorted(p.name for p in root.iterdir()) == list(digits)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*.rec")) == sorted(
+        f"{n[0]}/{n[1]}/{n}" for n in map(file_name, values)
+    )
     backend.close()
 
 
