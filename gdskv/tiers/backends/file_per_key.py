@@ -19,8 +19,8 @@ A write makes each file under a temporary name (through the I/O engine, ``O_DIRE
 allowed), fdatasyncs it (as soon as its own write completes, the batch's syncs side by side
 on a few threads), renames it into place and then fsyncs, side by side, every directory
 whose entries changed; only then does the write return;
-recovery deletes leftover temporary files and drops files whose header, checksum or name
-does not match their content. ``remove`` unlinks the file and fsyncs its directory.
+recovery deletes leftover temporary files and drops record files whose header, checksum or
+name does not match their content (files of any other name are left alone). ``remove`` unlinks the file and fsyncs its directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
 A write that evicts takes the victims' files (those no read is using) as its own temporary
 files and overwrites them in place (:func:`fit_reused_file`), as the bucket backend does.
@@ -130,7 +130,8 @@ class FilePerKeyBackend(StorageBackend):
 
     def recover(self) -> RecoveryReport:
         """Make the shard tree; index every intact record file; delete temporary and
-        corrupt ones; move files found outside their place (an older layout) into it."""
+        corrupt ones; move files found outside their place (an older layout) into it.
+        Files whose names are neither a record's nor a temporary's are left alone."""
         self._make_tree()
         report = RecoveryReport()
         found: Dict[bytes, Tuple[IndexEntry, Path]] = {}
@@ -140,6 +141,9 @@ class FilePerKeyBackend(StorageBackend):
                 if name.endswith(TMP_SUFFIX):
                     unlink_quietly(path)
                     report.dropped_torn += 1
+                    continue
+                if not name.endswith(SUFFIX):  # not the store's: someone put it there
+                    log.warning("gdskv: %s is not a record file; leaving it alone", path)
                     continue
                 entry = self._load(path)
                 if entry is None:

@@ -126,11 +126,16 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, direct_psync):
     os.rename(renamed, renamed.with_name("0" * 32 + ".rec"))  # its name no longer matches its key
     truncated = backend.path_of(b"truncated")
     os.truncate(truncated, 4096 + 100)
+    notes = [good.parent / "notes.txt", tmp_path / "files" / "README", tmp_path / "files" / "mine" / "copy.rec.bak"]
+    for path in notes:  # not the store's files: a person inspecting the store put them there
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"keep me")
     again = FilePerKeyBackend(tmp_path, direct_psync, capacity=16 * MiB)
     report = again.recover()
     assert again.keys() == [b"good"]
     assert report.dropped_torn == 1 and report.dropped_corrupt == 2
-    assert all_files(tmp_path / "files") == [str(good)]
+    assert sorted(all_files(tmp_path / "files")) == sorted([str(good)] + [str(p) for p in notes])
+    assert all(p.read_bytes() == b"keep me" for p in notes)
     again.close()
 
 
