@@ -110,3 +110,59 @@ def test_the_default_limit_is_half_the_descriptor_limit():
         assert default_limit() == min(1000, soft) // 2
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_lower_limit_closes_idle_descriptors_at_once():
+    cache = OpenFiles(4)
+    fds = [new_fd() for _ in range(4)]
+    for i, fd in enumerate(fds):
+        cache.add(bytes([i]), fd, 1, "/dev/null", pinned=False)
+    reading = cache.pin(bytes([0]), 1)  # the oldest, but a read is using it
+    cache.set_limit(1)
+    assert len(cache) == 1 and is_open(fds[0]) and not any(is_open(fd) for fd in fds[1:])
+    cache.unpin(reading)
+    with pytest.raises(ValueError):
+        cache.set_limit(-1)
+    cache.clear()
+
+
+class Owner:
+    """What a store gives the budget: a method that sets its cache's limit."""
+
+    def __init__(self) -> None:
+        self.limit = None
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+
+
+def test_caches_share_the_process_budget_equally():
+    """Half of the descriptor limit for all the caches of the process together, not for
+    each: a member joining or leaving sets every member's share again."""
+    import gc
+    import resource
+
+    from gdskv.tiers.backends.open_files import DescriptorBudget
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1000, soft), hard))
+        total = default_limit()
+        budget = DescriptorBudget()
+        a, b, c = Owner(), Owner(), Owner()
+        token_a = budget.join(a.set_limit)
+        assert a.limit == total and budget.share() == total
+        token_b = budget.join(b.set_limit)
+        assert (a.limit, b.limit) == (total // 2, total // 2)
+        budget.join(c.set_limit)
+        assert (a.limit, b.limit, c.limit) == (total // 3,) * 3 and len(budget) == 3
+        del c  # dropped without leaving: it leaves by itself
+        gc.collect()
+        assert len(budget) == 2
+        budget.leave(token_b)
+        assert a.limit == total and len(budget) == 1
+        budget.leave(token_b)  # twice: nothing
+        budget.leave(token_a)
+        assert len(budget) == 0 and budget.share() == total
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
