@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from gdskv.config import StoreConfig
 from gdskv.errors import ConfigError, FormatVersionError, IoError, StoreLockedError
 from gdskv.tiers.backends.files import write_file_atomic
 from gdskv.tiers.backends.record import FORMAT_VERSION
+
+log = logging.getLogger(__name__)
 
 META_FILE = "gdskv.json"
 LOCK_FILE = "LOCK"
@@ -38,9 +41,24 @@ def open_store_directory(path: Path, config: StoreConfig) -> int:
     return fd
 
 
+def store_format_version(backend: str) -> int:
+    """The ``format_version`` this gdskv writes for a store of ``backend``: the backend's
+    layout version (see :attr:`StorageBackend.layout_version`), at least the records'
+    :data:`FORMAT_VERSION`."""
+    from gdskv.tiers.backends import BACKENDS  # the backends import this package's helpers
+
+    factory = BACKENDS.get(backend)
+    return max(FORMAT_VERSION, getattr(factory, "layout_version", FORMAT_VERSION))
+
+
 def _check_meta(meta_path: Path, config: StoreConfig) -> None:
+    """Create the metadata of a new store; check an existing store's (its backend, and a
+    format this gdskv can read). A store of an older layout is marked with the new version
+    before its backend opens (and moves its files): from then on an older gdskv refuses
+    it, rather than miss everything it would look for in the old places."""
+    supported = store_format_version(config.backend)
     if not meta_path.exists():
-        meta = {"format": "gdskv", "format_version": FORMAT_VERSION, "backend": config.backend}
+        meta = {"format": "gdskv", "format_version": supported, "backend": config.backend}
         write_file_atomic(meta_path, json.dumps(meta, indent=2).encode())
         return
     try:
@@ -49,9 +67,13 @@ def _check_meta(meta_path: Path, config: StoreConfig) -> None:
         backend = str(meta["backend"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError("unreadable store metadata", path=str(meta_path), cause=str(exc)) from exc
-    if version > FORMAT_VERSION:
-        raise FormatVersionError(
-            "store written by a newer gdskv format", path=str(meta_path), supported=FORMAT_VERSION, got=version
-        )
     if backend != config.backend:
         raise ConfigError("store was created with another backend", path=str(meta_path), stored=backend, requested=config.backend)
+    if version > supported:
+        raise FormatVersionError(
+            "store written by a newer gdskv format", path=str(meta_path), supported=supported, got=version
+        )
+    if version < supported:
+        meta["format_version"] = supported
+        write_file_atomic(meta_path, json.dumps(meta, indent=2).encode())
+        log.info("gdskv: %s: store format %d upgraded to %d; older gdskv versions cannot open it", meta_path.parent, version, supported)

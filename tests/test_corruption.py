@@ -320,6 +320,42 @@ def test_newer_format_in_gdskv_json_is_refused_and_nothing_is_touched(store_dir)
         verify_others(store, gone=set())
 
 
+def test_a_file_per_key_store_records_its_layout_and_upgrades_an_older_one(tmp_path, store_dir):
+    """``gdskv.json`` carries the backend's layout version (2 for ``file_per_key``'s 16 x 16
+    tree, 1 for the others). A store of the older layout opens with every object (its files
+    moved into the tree) and is marked 2, so that an older gdskv refuses it rather than look
+    for its files where they no longer are; a newer layout is refused, nothing touched."""
+    assert json.loads((store_dir / "gdskv.json").read_text())["format_version"] == 1  # bucket
+    path = tmp_path / "fpk"
+    with open_store(path, backend="file_per_key") as store:
+        for key, value in VALUES.items():
+            store.put(key, value)
+        store.flush()
+    meta = path / "gdskv.json"
+    doc = json.loads(meta.read_text())
+    assert doc["format_version"] == 2
+    files = path / "files"
+    for record in list(files.glob("*/*/*.rec")):  # back to the older tree, as it wrote them
+        name = record.name
+        old = files / name[0:2] / name[2:4] / name
+        old.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(record, old)
+    meta.write_text(json.dumps({**doc, "format_version": 1}))
+    assert len(list(files.glob("??/??/*.rec"))) == len(VALUES)
+    with open_store(path, backend="file_per_key") as store:
+        for key, value in VALUES.items():
+            assert store.get(key) == value
+    assert json.loads(meta.read_text())["format_version"] == 2
+    assert sorted(len(p.name) for p in files.iterdir()) == [1] * 16
+
+    meta.write_text(json.dumps({**doc, "format_version": 3}))
+    before = sorted(str(p) for p in files.rglob("*"))
+    with pytest.raises(FormatVersionError) as info:
+        open_store(path, backend="file_per_key")
+    assert (info.value.context["supported"], info.value.context["got"]) == (2, 3)
+    assert sorted(str(p) for p in files.rglob("*")) == before
+
+
 def test_newer_format_in_an_index_is_refused_and_nothing_is_touched(store_dir):
     index = index_files(store_dir)[1]
     original = index.read_bytes()

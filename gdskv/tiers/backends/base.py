@@ -173,6 +173,10 @@ class StorageBackend:
 
     #: Subdirectory of the store directory that holds this backend's files.
     subdir = ""
+    #: Version of this backend's layout on disk, recorded as ``format_version`` in the
+    #: store's ``gdskv.json`` (see :mod:`gdskv.storedir`): a gdskv that knows only a lower
+    #: one refuses the store. Records and indexes carry :data:`record.FORMAT_VERSION`.
+    layout_version = 1
 
     def __init__(
         self, root: Path, engine: Any, *, capacity: int, eviction: str = "fifo", verify_on_open: str = "index"

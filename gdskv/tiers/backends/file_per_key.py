@@ -41,6 +41,7 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -86,6 +87,9 @@ class FilePerKeyBackend(StorageBackend):
 
     name = "file_per_key"
     subdir = "files"
+    #: 2: the 16 x 16 shard tree. 1: ``<h[0:2]>/<h[2:4]>/``, moved into the tree at open;
+    #: a gdskv of layout 1 would look for every file where it no longer is.
+    layout_version = 2
 
     def __init__(
         self,
@@ -109,6 +113,11 @@ class FilePerKeyBackend(StorageBackend):
         self._dir_str = str(self.dir)
         self._used = 0
         self._next_seq = 1
+        #: Directories that gained an entry when a write made a shard directory again (one
+        #: removed behind the store's back), until that write has fsynced them: every write
+        #: fsyncs them too, since it may use the new shard and end before the one that made it.
+        self._unsynced_dirs: Set[Path] = set()
+        self._dirs_lock = threading.Lock()  # guards _unsynced_dirs; taken with no other lock held inside
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         self.counters = {
@@ -133,12 +142,17 @@ class FilePerKeyBackend(StorageBackend):
 
     def recover(self) -> RecoveryReport:
         """Make the shard tree; index every intact record file; delete temporary and
-        corrupt ones; move files found outside their place (an older layout) into it.
-        Files whose names are neither a record's nor a temporary's are left alone."""
+        corrupt ones; move files found outside their place (the older layout) into it,
+        keeping the newest where a key is found twice; remove the older layout's emptied
+        directories. Files whose names are neither a record's nor a temporary's, and
+        directories not of either layout, are left alone."""
         self._make_tree()
         report = RecoveryReport()
         found: Dict[bytes, Tuple[IndexEntry, Path]] = {}
+        stale_dirs: Set[Path] = set()  # where an older copy of a key was deleted
+        old_tree = False  # whether directories of the older layout are there
         for dirpath, _dirs, names in os.walk(self.dir):
+            old_tree = old_tree or self._is_old_shard_dir(Path(dirpath))
             for name in names:
                 path = Path(dirpath) / name
                 if name.endswith(TMP_SUFFIX):
@@ -154,12 +168,17 @@ class FilePerKeyBackend(StorageBackend):
                     report.dropped_corrupt += 1
                     continue
                 other = found.get(entry.key)
-                if other is not None:  # the same key in two places (two layouts): newest wins
+                if other is not None:  # the same key in both layouts: the newest wins
                     older, newer = (other, (entry, path)) if other[0].seq < entry.seq else ((entry, path), other)
+                    log.info("gdskv: %s is an older copy of the record in %s; deleting it", older[1], newer[1])
                     unlink_quietly(older[1])
+                    stale_dirs.add(older[1].parent)
                     entry, path = newer
                 found[entry.key] = (entry, path)
-        self._move_into_place([(path, self.path_of(key)) for key, (_, path) in found.items() if path != self.path_of(key)])
+        moves = [(path, self.path_of(key)) for key, (_, path) in found.items() if path != self.path_of(key)]
+        self._move_into_place(moves, stale_dirs)
+        if old_tree:
+            self._remove_old_tree()
         for entry, _ in sorted(found.values(), key=lambda f: f[0].seq):
             self._objects[entry.key] = entry
             self._policy.insert(entry.key)
@@ -175,45 +194,52 @@ class FilePerKeyBackend(StorageBackend):
         return report
 
     def _make_tree(self) -> None:
-        """Create the shard directories that are missing and fsync the directories that
-        gained one. Raises IoError."""
-        changed: Set[Path] = set()
+        """Create the shard directories that are missing, then fsync the store directory,
+        ``files/`` and the first level: every directory that may have gained an entry, by
+        this open or by one that stopped before its fsyncs. Raises IoError."""
         try:
             for first in SHARD_DIGITS:
                 for second in SHARD_DIGITS:
-                    self._make_shard(self.dir / first / second, changed)
-            _wait_all([self._syncer.submit(fsync_dir, d) for d in changed])
+                    self._make_shard(self.dir / first / second, set())
+            parents = [self.dir.parent, self.dir] + [self.dir / first for first in SHARD_DIGITS]
+            _wait_all([self._syncer.submit(fsync_dir, d) for d in parents])
         except OSError as exc:
             raise IoError(f"cannot create the shard directories: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+        with self._dirs_lock:
+            self._unsynced_dirs.clear()
 
-    def _is_shard_dir(self, path: Path) -> bool:
-        """Whether ``path`` is a directory of the shard tree (either level)."""
+    def _is_old_shard_dir(self, path: Path) -> bool:
+        """Whether ``path`` is a directory of the older layout (``<h[0:2]>/<h[2:4]>``)."""
         parts = path.relative_to(self.dir).parts
-        return 1 <= len(parts) <= 2 and all(len(p) == 1 and p in SHARD_DIGITS for p in parts)
+        return 1 <= len(parts) <= 2 and all(len(p) == 2 and all(c in SHARD_DIGITS for c in p) for p in parts)
 
-    def _move_into_place(self, moves: List[Tuple[Path, Path]]) -> None:
+    def _move_into_place(self, moves: List[Tuple[Path, Path]], also_sync: Set[Path]) -> None:
         """Rename each record file found outside its place to where :meth:`path_of` puts it,
-        fsync the directories involved, and delete directories left empty that are not
-        part of the shard tree. Raises IoError."""
-        if not moves:
+        then fsync the directories involved and ``also_sync``. Raises IoError."""
+        if not moves and not also_sync:
             return
         try:
             for found_at, place in moves:
                 os.replace(found_at, place)
-            _wait_all([self._syncer.submit(fsync_dir, d) for d in {p.parent for m in moves for p in m}])
+            _wait_all([self._syncer.submit(fsync_dir, d) for d in {p.parent for m in moves for p in m} | also_sync])
         except OSError as exc:
             raise IoError(f"cannot move a record file into place: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+        if moves:
+            log.info("gdskv: moved %d record files of an older layout into place in %s", len(moves), self.dir)
+
+    def _remove_old_tree(self) -> None:
+        """Remove the older layout's directories that are empty (once their files have
+        moved), and fsync what held them."""
         emptied: Set[Path] = set()
         for dirpath, _dirs, _names in os.walk(self.dir, topdown=False):
             path = Path(dirpath)
-            if path != self.dir and not self._is_shard_dir(path):
+            if self._is_old_shard_dir(path):
                 with contextlib.suppress(OSError):
                     path.rmdir()  # only an empty one goes
                     emptied.add(path.parent)
         for parent in emptied:
             if parent.exists():
                 _fsync_dir_quietly(parent)
-        log.info("gdskv: moved %d record files of an older layout into place in %s", len(moves), self.dir)
 
     def _load(self, path: Path) -> Optional[IndexEntry]:
         """The entry of one record file, or None if it is not an intact record of its name."""
@@ -305,7 +331,12 @@ class FilePerKeyBackend(StorageBackend):
             for tmp, final in zip(tmps, finals):
                 os.replace(tmp, final)
                 renamed += 1
-            _wait_all([self._syncer.submit(self._fsync_dir, d) for d in {f.parent for f in finals} | changed_dirs])
+            with self._dirs_lock:
+                made_by_others = set(self._unsynced_dirs)
+            _wait_all([self._syncer.submit(self._fsync_dir, d) for d in {f.parent for f in finals} | changed_dirs | made_by_others])
+            if changed_dirs:
+                with self._dirs_lock:
+                    self._unsynced_dirs -= changed_dirs
             written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
@@ -366,13 +397,15 @@ class FilePerKeyBackend(StorageBackend):
             self._make_shard(path.parent, changed_dirs)
             return self._open_file(path, flags, lock_held=False)
 
-    @staticmethod
-    def _make_shard(shard: Path, changed_dirs: Set[Path]) -> None:
+    def _make_shard(self, shard: Path, changed_dirs: Set[Path]) -> None:
         """Create the shard directory ``shard`` (and its parent) where missing; add each
-        directory that gained an entry to ``changed_dirs`` (it must be fsynced too)."""
+        directory that gained an entry to ``changed_dirs`` (the caller must fsync it) and,
+        before the entry exists, to the directories every write fsyncs until the caller has."""
         if shard.is_dir():
             return
         for directory in (shard.parent, shard):
+            with self._dirs_lock:
+                self._unsynced_dirs.add(directory.parent)
             try:
                 directory.mkdir()
             except FileExistsError:
@@ -389,13 +422,13 @@ class FilePerKeyBackend(StorageBackend):
 
         The victims' files are not deleted but reused where they can be: the file of each
         victim that no read is using is renamed to the next of ``reuse_as`` (the write's
-        temporary names; their shard directories are created here), to be overwritten in
-        place (see :func:`fit_reused_file`); the others are unlinked. A crash leaves a
+        temporary names; a shard directory removed behind the store's back is made again
+        here), to be overwritten in place (see :func:`fit_reused_file`); the others are unlinked. A crash leaves a
         reused file under a temporary name, which recovery deletes: the victim is gone
         either way. The victims' directories are fsynced (side by side) before the lock is
         released: a ``remove()`` that then finds a victim absent returns at once, and the
-        victim must not come back after a crash. Shard directories created for reused files
-        are added to ``changed_dirs``, which the write fsyncs before it returns.
+        victim must not come back after a crash. Directories that gained a shard directory
+        made here are added to ``changed_dirs``, which the write fsyncs before it returns.
         Returns the evicted keys and how many files were reused (the first of ``reuse_as``)."""
         evicted: List[bytes] = []
         freed = 0
@@ -416,13 +449,28 @@ class FilePerKeyBackend(StorageBackend):
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
             path = self._drop_entry(key)
             victim_dirs.add(path.parent)
-            if not in_use and reused < len(reuse_as) and _move_file(path, reuse_as[reused], changed_dirs):
+            if not in_use and reused < len(reuse_as) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
             else:
                 unlink_quietly(path)
         self.counters["objects_evicted"] += len(evicted)
         concurrent.futures.wait([self._syncer.submit(_fsync_dir_quietly, d) for d in victim_dirs])
         return evicted, reused
+
+    def _move_file(self, path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
+        """Rename the file ``path`` to ``to``, making the shard directory of ``to`` again if
+        it was removed (see :meth:`_create_file`); returns whether it was moved."""
+        try:
+            try:
+                os.replace(path, to)
+            except FileNotFoundError:
+                if to.parent.is_dir():
+                    return False  # ``path`` is gone
+                self._make_shard(to.parent, changed_dirs)
+                os.replace(path, to)
+        except OSError:
+            return False
+        return True
 
     def _drop_entry(self, key: bytes) -> Path:
         """Forget ``key`` (index, policy, bytes used, cached descriptor). Lock held.
@@ -642,22 +690,6 @@ def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
     concurrent.futures.wait(futures)
     for future in futures:
         future.result()
-
-
-def _move_file(path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
-    """Rename the file ``path`` to ``to``, making the shard directory of ``to`` again if it
-    was removed (see :meth:`FilePerKeyBackend._create_file`); returns whether it was moved."""
-    try:
-        try:
-            os.replace(path, to)
-        except FileNotFoundError:
-            if to.parent.is_dir():
-                return False  # ``path`` is gone
-            FilePerKeyBackend._make_shard(to.parent, changed_dirs)
-            os.replace(path, to)
-    except OSError:
-        return False
-    return True
 
 
 def _fsync_dir_quietly(path: Path) -> None:

@@ -181,11 +181,14 @@ def test_the_store_opens_with_its_whole_shard_tree_synced(tmp_path, direct_psync
     root = tmp_path / "files"
     digits = "0123456789abcdef"
     assert shard_dirs(root) == [f"{a}/{b}" for a in digits for b in digits]
-    assert sorted(synced) == sorted([str(root)] + [str(root / a) for a in digits])
+    parents = sorted([str(tmp_path), str(root)] + [str(root / a) for a in digits])
+    assert sorted(synced) == parents
     synced.clear()
     backend.close()
-    backend = open_backend(tmp_path, direct_psync)  # a reopen finds the tree: nothing to sync
-    assert synced == []
+    # An open that stopped between its mkdirs and their fsyncs left entries that may not be
+    # durable: every open syncs the directories the tree hangs from again.
+    backend = open_backend(tmp_path, direct_psync)
+    assert sorted(synced) == parents
     backend.close()
 
 
@@ -244,6 +247,92 @@ def test_files_of_the_older_layout_move_into_place(tmp_path, direct_psync):
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*.rec")) == sorted(
         f"{n[0]}/{n[1]}/{n}" for n in map(file_name, values)
     )
+    backend.close()
+
+
+def old_place(root, key):
+    """Where the older layout kept the file of ``key``."""
+    name = file_name(key)
+    return root / "files" / name[0:2] / name[2:4] / name
+
+
+def test_the_older_trees_empty_directories_go_even_with_nothing_to_move(tmp_path, direct_psync):
+    """Left by a migration that stopped after its renames, or by an older store whose
+    objects were all evicted: they go at the next open. Directories of no layout stay."""
+    files = tmp_path / "files"
+    for first, second in [("ab", "cd"), ("12", "34"), ("ff", "00")]:
+        (files / first / second).mkdir(parents=True)
+    mine = [files / "mine", files / "lost+found", files / "ab" / "notes"]
+    for path in mine:
+        path.mkdir(parents=True)
+    backend = open_backend(tmp_path, direct_psync)
+    assert sorted(p.name for p in files.iterdir()) == sorted(list("0123456789abcdef") + ["ab", "lost+found", "mine"])
+    assert all(path.is_dir() for path in mine) and not (files / "ab" / "cd").exists()
+    backend.close()
+
+
+def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync, monkeypatch):
+    """Otherwise a power loss after the key's removal could bring the older copy back."""
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"k": block(1, 3000)}))
+    older = backend.path_of(b"k").read_bytes()
+    backend.write(items({b"k": block(2, 3000)}))
+    backend.close()
+    stale = old_place(tmp_path, b"k")
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(older)
+    synced = []
+    real = fpk.fsync_dir
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    backend = open_backend(tmp_path, direct_psync)
+    assert not stale.exists() and str(stale.parent) in synced
+    assert read(backend, b"k", 3000) == block(2, 3000)
+    backend.close()
+
+
+def test_a_write_into_a_shard_another_write_made_again_syncs_its_parents(tmp_path, direct_psync, monkeypatch):
+    """A shard directory removed behind the store's back: the write that makes it again
+    is still fsyncing ``files/`` when a second write into that shard ends. The second
+    write syncs ``files/`` too, or its acknowledged file could hang off an entry a power
+    loss drops."""
+    import shutil
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    backend = open_backend(tmp_path, direct_psync)
+    root = tmp_path / "files"
+    first = b"first"
+    name = file_name(first)
+    second = next(k for k in (b"k%d" % i for i in range(100_000)) if file_name(k)[:2] == name[:2])
+    shutil.rmtree(root / name[0])
+    real = fpk.fsync_dir
+    reached, release = threading.Event(), threading.Event()
+    synced_by = {}
+
+    def gated(path):
+        me = threading.current_thread().name
+        synced_by.setdefault(me, []).append(str(path))
+        if str(path) == str(root) and not reached.is_set():  # the first write's, held
+            reached.set()
+            release.wait(10)
+        return real(path)
+
+    monkeypatch.setattr(fpk, "fsync_dir", gated)
+    writer = threading.Thread(target=lambda: backend.write(items({first: block(1, 5000)})))
+    writer.start()
+    try:
+        assert reached.wait(10)
+        before = {k: list(v) for k, v in synced_by.items()}
+        backend.write(items({second: block(2, 5000)}))
+        during = [p for k, v in synced_by.items() for p in v[len(before.get(k, [])):]]
+        assert str(root) in during and str(root / name[0]) in during
+    finally:
+        release.set()
+        writer.join(10)
+    assert read(backend, first, 5000) == block(1, 5000) and read(backend, second, 5000) == block(2, 5000)
     backend.close()
 
 
