@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import xxhash
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -162,7 +162,10 @@ class FilePerKeyBackend(StorageBackend):
                 if not name.endswith(SUFFIX):  # not the store's: someone put it there
                     log.warning("gdskv: %s is not a record file; leaving it alone", path)
                     continue
-                entry = self._load(path)
+                try:
+                    entry = self._load(path)
+                except FileNotFoundError:
+                    continue  # gone since the directory was listed
                 if entry is None:
                     unlink_quietly(path)
                     report.dropped_corrupt += 1
@@ -242,7 +245,9 @@ class FilePerKeyBackend(StorageBackend):
                 _fsync_dir_quietly(parent)
 
     def _load(self, path: Path) -> Optional[IndexEntry]:
-        """The entry of one record file, or None if it is not an intact record of its name."""
+        """The entry of one record file, or None if it is not an intact record of its name.
+        A file that cannot be read for now (EIO, EMFILE, ...) is not judged: IoError, and
+        the open fails with nothing deleted. A file gone meanwhile raises FileNotFoundError."""
         try:
             with open(path, "rb") as f:
                 head = f.read(RECORD_HEADER.size)
@@ -258,11 +263,13 @@ class FilePerKeyBackend(StorageBackend):
                     f.seek(value_at)
                     if checksum(key, f.read(header.value_len)) != header.crc:
                         raise CorruptionError("value checksum mismatch", path=str(path))
-        except FormatVersionError:
-            raise
-        except (CorruptionError, OSError) as exc:
+        except CorruptionError as exc:  # (a newer format's FormatVersionError goes through)
             log.warning("gdskv: dropping %s: %s", path, exc)
             return None
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise IoError(f"cannot read a record file at open: {exc.strerror}", path=str(path), errno=exc.errno) from exc
         return IndexEntry(key, value_at, header.value_len, header.seq, header.crc)
 
     # ------------------------------------------------------------------ writes

@@ -139,6 +139,37 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, direct_psync):
     again.close()
 
 
+def test_a_record_file_that_cannot_be_read_at_open_fails_the_open_and_is_kept(tmp_path, direct_psync, monkeypatch):
+    """EIO (or running out of descriptors) says nothing about the file: it is not deleted
+    as corrupt, and the open fails with the path, so that a retry finds everything."""
+    import builtins
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gdskv.errors import IoError
+
+    values = {f"k{i}".encode(): block(i, 3000) for i in range(8)}
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items(values))
+    backend.close()
+    failing = str(backend.path_of(b"k3"))
+    real_open = builtins.open
+
+    def eio_open(path, *args, **kwargs):
+        if str(path) == failing:
+            raise OSError(errno.EIO, "Input/output error", failing)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(fpk, "open", eio_open, raising=False)
+    with pytest.raises(IoError) as info:
+        open_backend(tmp_path, direct_psync)
+    assert info.value.context["path"] == failing and info.value.context["errno"] == errno.EIO
+    monkeypatch.undo()
+    assert os.path.exists(failing)
+    again = open_backend(tmp_path, direct_psync)
+    assert all(read(again, key, 3000) == value for key, value in values.items())
+    again.close()
+
+
 def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, direct_psync):
     backend = open_backend(tmp_path, direct_psync, capacity=MiB)
     values = {f"f{i}".encode(): block(i, 100_000) for i in range(20)}  # ~2 MiB of records
