@@ -20,7 +20,9 @@ allowed), fdatasyncs it (as soon as its own write completes, the batch's syncs s
 on a few threads), renames it into place and then fsyncs, side by side, every directory
 whose entries changed; only then does the write return;
 recovery deletes leftover temporary files and drops record files whose header, checksum or
-name does not match their content (files of any other name are left alone). ``remove`` unlinks the file and fsyncs its directory.
+name does not match their content (files of other names, and any file outside the shard
+directories of either layout, are left alone). ``remove`` unlinks the file and fsyncs its
+directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
 A write that evicts takes the victims' files (those no read is using) as its own temporary
 files and overwrites them in place (:func:`fit_reused_file`), as the bucket backend does.
@@ -28,8 +30,8 @@ files and overwrites them in place (:func:`fit_reused_file`), as the bucket back
 Reads go through a cache of open descriptors (:mod:`open_files`): a write keeps each new
 file's descriptor (after its rename it is the record's file), a read that finds none opens
 one, and up to ``open_files`` of them stay open, least recently used first out (by default
-an equal share of half of the process's descriptor limit among the stores open in it). Opening and closing a file around each 4 KiB read
-cost about as much CPU as the read itself. A descriptor leaves the cache when its key is
+an equal share of half of the process's descriptor limit among the stores open in it).
+Opening and closing a file around each 4 KiB read cost about as much CPU as the read itself. A descriptor leaves the cache when its key is
 overwritten, removed or evicted, and is closed once no read is using it; when the process
 runs out of descriptors the cached ones no read is using are closed and the open tried again.
 """
@@ -152,9 +154,14 @@ class FilePerKeyBackend(StorageBackend):
         stale_dirs: Set[Path] = set()  # where an older copy of a key was deleted
         old_tree = False  # whether directories of the older layout are there
         for dirpath, _dirs, names in os.walk(self.dir):
-            old_tree = old_tree or self._is_old_shard_dir(Path(dirpath))
+            here = Path(dirpath)
+            layout, depth = self._layout_of(here)
+            old_tree = old_tree or layout == 1
+            if names and (layout is None or depth != 2):  # not where either layout keeps files
+                log.warning("gdskv: %s is not a shard directory; leaving its files alone", here)
+                continue
             for name in names:
-                path = Path(dirpath) / name
+                path = here / name
                 if name.endswith(TMP_SUFFIX):
                     unlink_quietly(path)
                     report.dropped_torn += 1
@@ -211,10 +218,15 @@ class FilePerKeyBackend(StorageBackend):
         with self._dirs_lock:
             self._unsynced_dirs.clear()
 
-    def _is_old_shard_dir(self, path: Path) -> bool:
-        """Whether ``path`` is a directory of the older layout (``<h[0:2]>/<h[2:4]>``)."""
+    def _layout_of(self, path: Path) -> Tuple[Optional[int], int]:
+        """``(layout, depth)`` of the directory ``path`` under ``files/``: layout 2 for the
+        shard tree (``<h[0]>/<h[1]>``), 1 for the older one (``<h[0:2]>/<h[2:4]>``), None
+        for ``files/`` itself and any other directory; depth 2 for a leaf."""
         parts = path.relative_to(self.dir).parts
-        return 1 <= len(parts) <= 2 and all(len(p) == 2 and all(c in SHARD_DIGITS for c in p) for p in parts)
+        for layout, width in ((2, 1), (1, 2)):
+            if 1 <= len(parts) <= 2 and all(len(p) == width and all(c in SHARD_DIGITS for c in p) for p in parts):
+                return layout, len(parts)
+        return None, len(parts)
 
     def _move_into_place(self, moves: List[Tuple[Path, Path]], also_sync: Set[Path]) -> None:
         """Rename each record file found outside its place to where :meth:`path_of` puts it,
@@ -236,7 +248,7 @@ class FilePerKeyBackend(StorageBackend):
         emptied: Set[Path] = set()
         for dirpath, _dirs, _names in os.walk(self.dir, topdown=False):
             path = Path(dirpath)
-            if self._is_old_shard_dir(path):
+            if self._layout_of(path)[0] == 1:
                 with contextlib.suppress(OSError):
                     path.rmdir()  # only an empty one goes
                     emptied.add(path.parent)
@@ -430,9 +442,9 @@ class FilePerKeyBackend(StorageBackend):
         The victims' files are not deleted but reused where they can be: the file of each
         victim that no read is using is renamed to the next of ``reuse_as`` (the write's
         temporary names; a shard directory removed behind the store's back is made again
-        here), to be overwritten in place (see :func:`fit_reused_file`); the others are unlinked. A crash leaves a
-        reused file under a temporary name, which recovery deletes: the victim is gone
-        either way. The victims' directories are fsynced (side by side) before the lock is
+        here), to be overwritten in place (see :func:`fit_reused_file`); the others are
+        unlinked. A crash leaves a reused file under a temporary name, which recovery
+        deletes: the victim is gone either way. The victims' directories are fsynced (side by side) before the lock is
         released: a ``remove()`` that then finds a victim absent returns at once, and the
         victim must not come back after a crash. Directories that gained a shard directory
         made here are added to ``changed_dirs``, which the write fsyncs before it returns.

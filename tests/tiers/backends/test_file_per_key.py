@@ -130,12 +130,17 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, direct_psync):
     for path in notes:  # not the store's files: a person inspecting the store put them there
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(b"keep me")
+    backup = tmp_path / "files" / "backup" / good.name  # a copy of a record, outside the tree
+    backup.parent.mkdir()
+    backup.write_bytes(good.read_bytes())
+    os.utime(backup, (1, 1))
+    notes.append(backup)
     again = FilePerKeyBackend(tmp_path, direct_psync, capacity=16 * MiB)
     report = again.recover()
     assert again.keys() == [b"good"]
     assert report.dropped_torn == 1 and report.dropped_corrupt == 2
     assert sorted(all_files(tmp_path / "files")) == sorted([str(good)] + [str(p) for p in notes])
-    assert all(p.read_bytes() == b"keep me" for p in notes)
+    assert all(p.read_bytes() == b"keep me" for p in notes[:-1]) and os.stat(backup).st_mtime == 1
     again.close()
 
 
