@@ -30,8 +30,8 @@ files and overwrites them in place (:func:`fit_reused_file`), as the bucket back
 Reads go through a cache of open descriptors (:mod:`open_files`): a write keeps each new
 file's descriptor (after its rename it is the record's file), a read that finds none opens
 one, and up to ``open_files`` of them stay open, least recently used first out (by default
-an equal share of half of the process's descriptor limit among the stores open in it).
-Opening and closing a file around each 4 KiB read cost about as much CPU as the read itself. A descriptor leaves the cache when its key is
+half of the process's descriptor limit). Opening and closing a file around each 4 KiB read
+cost about as much CPU as the read itself. A descriptor leaves the cache when its key is
 overwritten, removed or evicted, and is closed once no read is using it; when the process
 runs out of descriptors the cached ones no read is using are closed and the open tried again.
 """
@@ -54,7 +54,7 @@ from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly
-from gdskv.tiers.backends.open_files import PROCESS_BUDGET, Handle, OpenFiles
+from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
     HeadBlocks,
@@ -103,15 +103,12 @@ class FilePerKeyBackend(StorageBackend):
         verify_on_open: str = "index",
         open_files: Optional[int] = None,
     ) -> None:
-        """``open_files``: descriptors kept open for reads (None: a share of half of the
-        process's ``RLIMIT_NOFILE``, at most 65536, split equally among the stores open in
-        the process that were given none either; 0: open and close a file around every read)."""
+        """``open_files``: descriptors kept open for reads (None: half of the process's
+        ``RLIMIT_NOFILE``, at most 65536; 0: open and close a file around every read)."""
         super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
         self._objects: Dict[bytes, IndexEntry] = {}
         #: Open descriptors of record files by key, tagged with the record's seq (lock held).
-        self._open = OpenFiles(PROCESS_BUDGET.share() if open_files is None else open_files)
-        #: Token of this backend in the process's descriptor budget (None: a limit of its own).
-        self._budget_token = None if open_files is not None else PROCESS_BUDGET.join(self._set_open_limit)
+        self._open = OpenFiles(default_limit() if open_files is None else open_files)
         self._dir_str = str(self.dir)
         self._used = 0
         self._next_seq = 1
@@ -593,7 +590,7 @@ class FilePerKeyBackend(StorageBackend):
     def _with_descriptors(self, call: Callable[..., Any], *args: Any, lock_held: bool) -> Any:
         """``call(*args)``, which opens a descriptor; when the process is out of them
         (EMFILE, ENFILE), close the cached ones no read is using and try once more. The
-        caches hold up to half of the process's limit, so anything here that opens a file
+        cache holds up to half of the process's limit, so anything here that opens a file
         must make room this way. Raises OSError."""
         try:
             return call(*args)
@@ -708,20 +705,12 @@ class FilePerKeyBackend(StorageBackend):
             "open_file_opens": self._open.opens,
         }
 
-    def _set_open_limit(self, limit: int) -> None:
-        """Set the descriptor cache's limit (its share of the process's budget)."""
-        with self._lock:
-            self._open.set_limit(limit)
-
     def close(self) -> None:
         """Refuse new work and close the cached descriptors (one a read is using closes
         when that read ends)."""
         with self._lock:
             self._closed = True
             self._open.clear()
-        if self._budget_token is not None:
-            PROCESS_BUDGET.leave(self._budget_token)
-            self._budget_token = None
         self._syncer.shutdown(wait=True)
 
 

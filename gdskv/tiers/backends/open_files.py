@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import os
 import resource
-import threading
-import weakref
 from collections import OrderedDict
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
 from gdskv.gds.aligned import is_direct_fd
 
@@ -35,69 +33,12 @@ DEFAULT_MAX = 65536
 
 
 def default_limit() -> int:
-    """Descriptors the caches of this process keep by default, all together: half of its
-    soft ``RLIMIT_NOFILE`` (the rest is left to sockets and other files), at most
-    :data:`DEFAULT_MAX`. :class:`DescriptorBudget` shares it among the caches."""
+    """Descriptors a cache keeps by default: half of this process's soft ``RLIMIT_NOFILE``
+    (the rest is left to sockets, other files and other stores), at most :data:`DEFAULT_MAX`."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return DEFAULT_MAX
     return max(0, min(DEFAULT_MAX, soft // 2))
-
-
-class DescriptorBudget:
-    """:func:`default_limit` shared equally among the caches that take their limit from it.
-
-    Each owner :meth:`join` s with a method that sets its cache's limit (taking the owner's
-    own lock) and :meth:`leave` s when it closes; on both, every member's share is set
-    again, so two stores in one process keep half of the descriptors between them, not half
-    each. Members are held weakly: an owner dropped without closing leaves by itself. The
-    budget's lock is held while the methods run: an owner must not call the budget while
-    holding its own lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._members: Dict[int, "weakref.WeakMethod[Callable[[int], None]]"] = {}
-        self._next = 0
-
-    def join(self, set_limit: Callable[[int], None]) -> int:
-        """Add a member whose cache limit the bound method ``set_limit`` sets (called now
-        with its share, and whenever the share changes); returns its token for
-        :meth:`leave`."""
-        with self._lock:
-            token = self._next
-            self._next += 1
-            self._members[token] = weakref.WeakMethod(set_limit)  # type: ignore[arg-type]
-            self._share()
-        return token
-
-    def leave(self, token: int) -> None:
-        """Remove a member (once it is closed); the others' shares grow."""
-        with self._lock:
-            if self._members.pop(token, None) is not None:
-                self._share()
-
-    def share(self) -> int:
-        """What each member may keep now (what a new one starts with before it joins)."""
-        with self._lock:
-            return default_limit() // max(1, len(self._members))
-
-    def __len__(self) -> int:
-        """Members open now."""
-        with self._lock:
-            return sum(1 for ref in self._members.values() if ref() is not None)
-
-    def _share(self) -> None:
-        live = [(token, ref()) for token, ref in self._members.items()]
-        for token, _ in (m for m in live if m[1] is None):
-            del self._members[token]
-        each = default_limit() // max(1, len(self._members))
-        for _, set_limit in live:
-            if set_limit is not None:
-                set_limit(each)
-
-
-#: The budget of every cache whose owner was given no limit of its own.
-PROCESS_BUDGET = DescriptorBudget()
 
 
 class Handle:
@@ -127,13 +68,6 @@ class OpenFiles:
 
     def __len__(self) -> int:
         return len(self._handles)
-
-    def set_limit(self, limit: int) -> None:
-        """Change the limit; handles no read is using leave at once down to it."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        self.limit = limit
-        self._trim(limit)
 
     def pin(self, key: bytes, tag: int) -> Optional[Handle]:
         """The cached handle of ``key`` with ``tag``, pinned and made most recent; None when

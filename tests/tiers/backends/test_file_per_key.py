@@ -491,37 +491,6 @@ def test_at_most_open_files_descriptors_stay_open(tmp_path, direct_psync):
     backend.close()
 
 
-def test_stores_of_one_process_share_its_descriptor_budget(tmp_path, direct_psync, monkeypatch):
-    """Two backends given no limit of their own keep half of the process's descriptor limit
-    between them, not half each; when one closes, the other may keep all of it."""
-    import gdskv.tiers.backends.file_per_key as fpk
-    from gdskv.tiers.backends.open_files import DescriptorBudget, default_limit
-
-    monkeypatch.setattr(fpk, "PROCESS_BUDGET", DescriptorBudget())  # this test's process alone
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, highest + 80), hard))
-    try:
-        total = default_limit()
-        first = open_backend(tmp_path / "a", direct_psync)
-        second = open_backend(tmp_path / "b", direct_psync)
-        values = {f"k{i}".encode(): block(i, 5000) for i in range(total)}
-        for backend in (first, second):
-            for start in range(0, total, 8):
-                backend.write(items(dict(list(values.items())[start : start + 8])))
-            for key, value in values.items():
-                assert read(backend, key, len(value)) == value
-        kept = [b.stats()["open_files"] for b in (first, second)]
-        assert kept == [total // 2, total // 2]
-        first.close()
-        for key, value in values.items():  # its share is the whole budget now
-            assert read(second, key, len(value)) == value
-        assert second.stats()["open_files"] == second.stats()["open_files_limit"] == total
-        second.close()
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
 def test_a_backend_out_of_descriptors_closes_its_cached_ones(tmp_path, direct_psync):
     """When the process hits its descriptor limit, the backend closes its idle cached descriptors
     and opens again: writes and reads go on, they only lose the cache."""
