@@ -116,10 +116,10 @@ class FilePerKeyBackend(StorageBackend):
         #: removed behind the store's back), until that write has fsynced them: every write
         #: fsyncs them too, since it may use the new shard and end before the one that made it.
         self._unsynced_dirs: Set[Path] = set()
+        self._dirs_lock = threading.Lock()  # guards _unsynced_dirs; no other lock is taken inside it
         #: Keys evicted by a write still in flight, by the directory whose fsync makes their
         #: removal durable (lock held; see :meth:`_make_room`).
         self._evictions_unsynced: Dict[bytes, Path] = {}
-        self._dirs_lock = threading.Lock()  # guards _unsynced_dirs; taken with no other lock held inside
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         self.counters = {
