@@ -117,9 +117,6 @@ class FilePerKeyBackend(StorageBackend):
         #: fsyncs them too, since it may use the new shard and end before the one that made it.
         self._unsynced_dirs: Set[Path] = set()
         self._dirs_lock = threading.Lock()  # guards _unsynced_dirs; no other lock is taken inside it
-        #: Keys evicted by a write still in flight, by the directory whose fsync makes their
-        #: removal durable (lock held; see :meth:`_make_room`).
-        self._evictions_unsynced: Dict[bytes, Path] = {}
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         self.counters = {
@@ -303,14 +300,11 @@ class FilePerKeyBackend(StorageBackend):
         changed_dirs: Set[Path] = set()
         with self._lock:
             self._check_open()
-            evicted, reused, victim_dirs = self._make_room(sum(sizes), tmps, changed_dirs)
+            evicted, reused = self._make_room(sum(sizes), tmps, changed_dirs)
             self.counters["files_reused"] += reused
             first_seq = self._next_seq
             self._next_seq += len(items)
             self._used += sum(sizes)  # reserved; released if the write fails
-        # The victims' directories are fsynced while the new files are written (the device
-        # would otherwise wait for them), and before the write returns.
-        victim_syncs = {d: self._syncer.submit(self._fsync_dir, d) for d in victim_dirs}
         entries: List[IndexEntry] = []
         fds: List[int] = []  # fds[i]: item i's file, open (under tmps[i] until renamed)
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
@@ -377,26 +371,11 @@ class FilePerKeyBackend(StorageBackend):
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         finally:
             heads.close()
-            self._settle_evictions(evicted, victim_syncs)
             if not written_ok:
                 for fd in fds[renamed:]:
                     os.close(fd)
         self._commit(entries, fds, finals, sizes)
         return evicted
-
-    def _settle_evictions(self, evicted: List[bytes], victim_syncs: Dict[Path, "concurrent.futures.Future[None]"]) -> None:
-        """Wait for the fsyncs of the victims' directories; the victims whose directory is
-        synced are no longer waiting (see :meth:`remove`). A failed fsync is not the write's
-        failure (its own files are durable); those victims stay waiting, and a ``remove()``
-        of one of them fsyncs its directory again."""
-        if not evicted:
-            return
-        concurrent.futures.wait(victim_syncs.values())
-        synced = {d for d, future in victim_syncs.items() if future.exception() is None}
-        with self._lock:
-            for key in evicted:
-                if self._evictions_unsynced.get(key) in synced:
-                    del self._evictions_unsynced[key]
 
     def _commit(self, entries: List[IndexEntry], fds: List[int], finals: List[Path], sizes: List[int]) -> None:
         """Index the files of ``entries`` (item ``i``'s descriptor ``fds[i]``, renamed into
@@ -449,7 +428,7 @@ class FilePerKeyBackend(StorageBackend):
                 continue
             changed_dirs.add(directory.parent)
 
-    def _make_room(self, nbytes: int, reuse_as: Sequence[Path], changed_dirs: Set[Path]) -> Tuple[List[bytes], int, Set[Path]]:
+    def _make_room(self, nbytes: int, reuse_as: Sequence[Path], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held.
 
         The victims are chosen first; :attr:`evict_listener` hears all of them before any
@@ -462,13 +441,11 @@ class FilePerKeyBackend(StorageBackend):
         temporary names; a shard directory removed behind the store's back is made again
         here), to be overwritten in place (see :func:`fit_reused_file`); the others are
         unlinked. A crash leaves a reused file under a temporary name, which recovery
-        deletes: the victim is gone either way. The victims' directories must be fsynced
-        before the write returns (it starts that at once, beside its own writes): until
-        then each victim is listed in ``_evictions_unsynced``, so that a ``remove()`` that
-        finds it absent makes its removal durable first. Directories that gained a shard
-        directory made here are added to ``changed_dirs``, which the write fsyncs before it
-        returns. Returns the evicted keys, how many files were reused (the first of
-        ``reuse_as``) and the victims' directories."""
+        deletes: the victim is gone either way. The victims' directories are fsynced (side by side) before the lock is
+        released: a ``remove()`` that then finds a victim absent returns at once, and the
+        victim must not come back after a crash. Directories that gained a shard directory
+        made here are added to ``changed_dirs``, which the write fsyncs before it returns.
+        Returns the evicted keys and how many files were reused (the first of ``reuse_as``)."""
         evicted: List[bytes] = []
         freed = 0
         for key in self._policy.ordered():
@@ -479,7 +456,7 @@ class FilePerKeyBackend(StorageBackend):
         if self._used - freed + nbytes > self.capacity:
             raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
         if not evicted:
-            return evicted, 0, set()
+            return evicted, 0
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
         reused = 0
@@ -488,13 +465,13 @@ class FilePerKeyBackend(StorageBackend):
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
             path = self._drop_entry(key)
             victim_dirs.add(path.parent)
-            self._evictions_unsynced[key] = path.parent
             if not in_use and reused < len(reuse_as) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
             else:
                 unlink_quietly(path)
         self.counters["objects_evicted"] += len(evicted)
-        return evicted, reused, victim_dirs
+        concurrent.futures.wait([self._syncer.submit(_fsync_dir_quietly, d) for d in victim_dirs])
+        return evicted, reused
 
     def _move_file(self, path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
         """Rename the file ``path`` to ``to``, making the shard directory of ``to`` again if
@@ -627,24 +604,16 @@ class FilePerKeyBackend(StorageBackend):
     # ------------------------------------------------------------------ the rest
 
     def remove(self, key: bytes) -> bool:
-        """Delete ``key``'s file and fsync its directory; False when it is absent. A key that
-        a write in flight has just evicted is absent, but its removal may not be durable
-        yet: its directory is fsynced before this returns too."""
         with self._lock:
             self._check_open()
-            present = key in self._objects
-            parent = self._unlink(key) if present else self._evictions_unsynced.get(key)
-        if parent is None:
-            return False
+            if key not in self._objects:
+                return False
+            parent = self._unlink(key)
         try:
             self._fsync_dir(parent)
         except OSError as exc:
             raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(parent), errno=exc.errno) from exc
-        if not present:
-            with self._lock:
-                if self._evictions_unsynced.get(key) == parent:
-                    del self._evictions_unsynced[key]
-        return present
+        return True
 
     def check(self) -> List[bytes]:
         """Verify every file (header, name, value checksum); drop and return corrupt keys.

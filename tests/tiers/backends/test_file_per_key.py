@@ -538,53 +538,6 @@ def test_a_write_that_evicts_writes_into_the_evicted_files(tmp_path, direct_psyn
     again.close()
 
 
-def test_an_evictions_directory_fsync_holds_up_neither_reads_nor_a_remove(tmp_path, direct_psync, monkeypatch):
-    """A write that evicts fsyncs the victims' directories beside its own writes, not under
-    the backend's lock: reads go on meanwhile. A ``remove()`` of a victim then finds it
-    absent, but fsyncs its directory itself before returning: the removal is durable when
-    it says so, whatever the write is still doing."""
-    import threading
-
-    import gdskv.tiers.backends.file_per_key as fpk
-    from gdskv.tiers.backends.record import record_size
-
-    size = 5000
-    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
-    backend.write(items({b"k0": block(0, size)}))
-    backend.write(items({b"k1": block(1, size)}))
-    victim_dir = str(backend.path_of(b"k0").parent)
-    real = fpk.fsync_dir
-    reached, release = threading.Event(), threading.Event()
-    calls = []
-
-    def gated(path):
-        calls.append((threading.current_thread().name, str(path)))
-        if str(path) == victim_dir and not reached.is_set():  # the write's fsync of it, held
-            reached.set()
-            release.wait(10)
-        return real(path)
-
-    monkeypatch.setattr(fpk, "fsync_dir", gated)
-    writer = threading.Thread(target=lambda: backend.write(items({b"k2": block(2, size)})))
-    writer.start()
-    try:
-        assert reached.wait(10)
-        outcome = {}
-        reader = threading.Thread(target=lambda: outcome.update(read=read(backend, b"k1", size)))
-        reader.start()
-        reader.join(5)
-        assert outcome.get("read") == block(1, size)  # not held up by the fsync
-        remover = threading.Thread(target=lambda: outcome.update(removed=backend.remove(b"k0")))
-        remover.start()
-        remover.join(5)
-        assert outcome.get("removed") is False and (remover.name, victim_dir) in calls
-    finally:
-        release.set()
-        writer.join(10)
-    assert sorted(backend.keys()) == [b"k1", b"k2"] and backend._evictions_unsynced == {}
-    backend.close()
-
-
 def test_a_file_being_read_is_not_reused(tmp_path, direct_psync):
     """A victim with a read in flight keeps its file to that read (unlinked, not reused):
     the read returns the victim's bytes, and the new object gets a new file."""
