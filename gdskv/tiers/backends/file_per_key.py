@@ -441,11 +441,13 @@ class FilePerKeyBackend(StorageBackend):
         temporary names; a shard directory removed behind the store's back is made again
         here), to be overwritten in place (see :func:`fit_reused_file`); the others are
         unlinked. A crash leaves a reused file under a temporary name, which recovery
-        deletes: the victim is gone either way. The victims' directories are fsynced (side by side) before the lock is
-        released: a ``remove()`` that then finds a victim absent returns at once, and the
-        victim must not come back after a crash. Directories that gained a shard directory
-        made here are added to ``changed_dirs``, which the write fsyncs before it returns.
-        Returns the evicted keys and how many files were reused (the first of ``reuse_as``)."""
+        deletes: the victim is gone either way. The victims' directories are fsynced (side
+        by side) before the lock is released: a ``remove()`` that then finds a victim absent
+        returns at once, the victim must not come back after a crash, and a reused file must
+        not take new bytes while its victim's name may still name it. Directories that
+        gained a shard directory made here are added to ``changed_dirs``, which the write
+        fsyncs before it returns. Returns the evicted keys and how many files were reused
+        (the first of ``reuse_as``)."""
         evicted: List[bytes] = []
         freed = 0
         for key in self._policy.ordered():
