@@ -307,6 +307,63 @@ def test_the_older_trees_empty_directories_go_even_with_nothing_to_move(tmp_path
     backend.close()
 
 
+MOVE_CHILD = """
+import os, signal, sys
+from pathlib import Path
+import gdskv.tiers.backends.file_per_key as fpk
+from gdskv.gds import make_engine
+root, step, kill_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+done = [0]
+def dying(real):
+    def call(*args):
+        done[0] += 1
+        if done[0] > kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args)
+    return call
+if step == "move":
+    fpk.os.replace = dying(os.replace)
+else:
+    Path.rmdir = dying(Path.rmdir)
+backend = fpk.FilePerKeyBackend(Path(root), make_engine("psync", direct=True), capacity=64 << 20)
+backend.recover()
+print("recovered")
+"""
+
+
+def test_sigkill_while_the_older_trees_files_move_into_place(tmp_path, direct_psync):
+    """An open that moves the files of the older tree into place is killed with SIGKILL
+    after a given number of its renames (four times), then while it removes the older
+    tree's directories. No file is ever lost, and the next open finishes the job: every
+    object is there with its own bytes, and the older tree is gone."""
+    import signal
+    import subprocess
+    import sys
+
+    values = {f"k{i}".encode(): block(i, 4096 + i % 7) for i in range(1200)}
+    backend = open_backend(tmp_path, direct_psync, capacity=64 * MiB)
+    keys = list(values)
+    for start in range(0, len(keys), 100):
+        backend.write(items({key: values[key] for key in keys[start : start + 100]}))
+    backend.close()
+    for key in values:
+        old = old_place(tmp_path, key)
+        old.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(backend.path_of(key), old)
+    for step, kill_after in [("move", 0), ("move", 300), ("move", 150), ("move", 600), ("rmdir", 40)]:
+        proc = subprocess.run([sys.executable, "-c", MOVE_CHILD, str(tmp_path), step, str(kill_after)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+        records = list((tmp_path / "files").glob("*/*/*.rec"))
+        assert len(records) == len(values)  # every file is in one place or the other
+    again = open_backend(tmp_path, direct_psync, capacity=64 * MiB, verify_on_open="full")
+    assert sorted(again.keys()) == sorted(values)
+    for key, value in values.items():
+        assert read(again, key, len(value)) == value
+    assert sorted(p.name for p in (tmp_path / "files").iterdir()) == list("0123456789abcdef")
+    again.close()
+
+
 def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync, monkeypatch):
     """Otherwise a power loss after the key's removal could bring the older copy back."""
     import gdskv.tiers.backends.file_per_key as fpk
