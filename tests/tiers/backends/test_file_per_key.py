@@ -253,6 +253,20 @@ def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct
     backend.close()
 
 
+def old_place(root, key):
+    """Where the older layout kept the file of ``key``."""
+    name = file_name(key)
+    return root / "files" / name[0:2] / name[2:4] / name
+
+
+def to_older_tree(root, backend, keys):
+    """Move the files of ``keys`` to where the older layout kept them, as it wrote them."""
+    for key in keys:
+        old = old_place(root, key)
+        old.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(backend.path_of(key), old)
+
+
 def test_files_of_the_older_layout_move_into_place(tmp_path, direct_psync):
     """A store written with the ``<h[0:2]>/<h[2:4]>/`` tree of earlier versions opens with
     every object; its files are moved into the shard tree and the old directories go. A key
@@ -264,13 +278,8 @@ def test_files_of_the_older_layout_move_into_place(tmp_path, direct_psync):
     backend.write(items({b"k0": block(99, 1234)}))
     backend.close()
     root = tmp_path / "files"
-    for key in values:  # the older tree, as earlier versions wrote it
-        name = file_name(key)
-        old = root / name[0:2] / name[2:4] / name
-        old.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(root / name[0] / name[1] / name, old)
-    name = file_name(b"k0")
-    (root / name[0] / name[1] / name).write_bytes(stale)  # an older copy of k0 in the new place
+    to_older_tree(tmp_path, backend, values)
+    backend.path_of(b"k0").write_bytes(stale)  # an older copy of k0 in the new place
 
     backend = open_backend(tmp_path, direct_psync)
     assert len(backend) == len(values)
@@ -284,12 +293,6 @@ def test_files_of_the_older_layout_move_into_place(tmp_path, direct_psync):
         f"{n[0]}/{n[1]}/{n}" for n in map(file_name, values)
     )
     backend.close()
-
-
-def old_place(root, key):
-    """Where the older layout kept the file of ``key``."""
-    name = file_name(key)
-    return root / "files" / name[0:2] / name[2:4] / name
 
 
 def test_the_older_trees_empty_directories_go_even_with_nothing_to_move(tmp_path, direct_psync):
@@ -346,10 +349,7 @@ def test_sigkill_while_the_older_trees_files_move_into_place(tmp_path, direct_ps
     for start in range(0, len(keys), 100):
         backend.write(items({key: values[key] for key in keys[start : start + 100]}))
     backend.close()
-    for key in values:
-        old = old_place(tmp_path, key)
-        old.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(backend.path_of(key), old)
+    to_older_tree(tmp_path, backend, values)
     for step, kill_after in [("move", 0), ("move", 300), ("move", 150), ("move", 600), ("rmdir", 40)]:
         proc = subprocess.run([sys.executable, "-c", MOVE_CHILD, str(tmp_path), step, str(kill_after)],
                               capture_output=True, text=True, timeout=120)
