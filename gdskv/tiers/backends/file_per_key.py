@@ -349,9 +349,7 @@ class FilePerKeyBackend(StorageBackend):
             with self._dirs_lock:
                 made_by_others = set(self._unsynced_dirs)
             self._fsync_dirs({f.parent for f in finals} | changed_dirs | made_by_others)
-            if changed_dirs:
-                with self._dirs_lock:
-                    self._unsynced_dirs -= changed_dirs
+            self._synced_made_dirs(changed_dirs)
             written_ok = True
         except (OSError, GdskvError) as exc:
             for future, _ in submitted:  # nothing may still write from or into a file we drop
@@ -365,6 +363,10 @@ class FilePerKeyBackend(StorageBackend):
             # now, so the index takes them too, though the write failed: memory and disk
             # agree, and a retry of the write overwrites them.
             self._commit(entries[:renamed], fds[:renamed], finals, sizes)
+            if changed_dirs:  # other writes fsync these until this write has: do it now
+                with contextlib.suppress(OSError):
+                    self._fsync_dirs(changed_dirs)
+                    self._synced_made_dirs(changed_dirs)
             if isinstance(exc, GdskvError):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
@@ -425,6 +427,13 @@ class FilePerKeyBackend(StorageBackend):
             changed_dirs.add(directory.parent)
             with contextlib.suppress(FileExistsError):  # made meanwhile by another write
                 directory.mkdir()
+
+    def _synced_made_dirs(self, changed_dirs: Set[Path]) -> None:
+        """``changed_dirs`` (the directories a write gave a shard it made again) are
+        fsynced: other writes need not fsync them any more."""
+        if changed_dirs:
+            with self._dirs_lock:
+                self._unsynced_dirs -= changed_dirs
 
     def _make_room(self, nbytes: int, reuse_as: Sequence[Path], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held.

@@ -11,6 +11,7 @@ import pytest
 
 from backend_io import items, read
 from conftest import block
+from gdskv.errors import IoError
 from gdskv.tiers.backends.file_per_key import FilePerKeyBackend, file_name
 from gdskv.tiers.backends.record import RECORD_HEADER, decode_head
 
@@ -150,7 +151,6 @@ def test_a_record_file_that_cannot_be_read_at_open_fails_the_open_and_is_kept(tm
     import builtins
 
     import gdskv.tiers.backends.file_per_key as fpk
-    from gdskv.errors import IoError
 
     values = {f"k{i}".encode(): block(i, 3000) for i in range(8)}
     backend = open_backend(tmp_path, direct_psync)
@@ -426,6 +426,40 @@ def test_a_write_into_a_shard_another_write_made_again_syncs_its_parents(tmp_pat
         release.set()
         writer.join(10)
     assert read(backend, first, 5000) == block(1, 5000) and read(backend, second, 5000) == block(2, 5000)
+    backend.close()
+
+
+def test_a_failed_write_that_made_a_shard_again_still_syncs_its_parents(tmp_path, direct_psync, monkeypatch):
+    """The write that makes a removed shard directory again fails after the mkdir (its
+    fdatasync: EIO). It fsyncs the directories that gained an entry before it raises, so
+    the directory stays and later writes stop fsyncing ``files/`` for it."""
+    import shutil
+
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    backend = open_backend(tmp_path, direct_psync)
+    root = tmp_path / "files"
+    name = file_name(b"first")
+    shutil.rmtree(root / name[0])
+    synced = []
+    real_fsync_dir = fpk.fsync_dir
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
+    real_fdatasync = os.fdatasync
+
+    def failing(fd):
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(IoError):
+        backend.write(items({b"first": block(1, 5000)}))
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    assert (root / name[0] / name[1]).is_dir()
+    assert str(root) in synced and str(root / name[0]) in synced
+    other = next(k for k in (b"k%d" % i for i in range(100_000)) if file_name(k)[0] != name[0])
+    synced.clear()
+    backend.write(items({other: block(2, 5000)}))
+    assert str(root) not in synced and str(root / name[0]) not in synced
+    assert read(backend, other, 5000) == block(2, 5000) and read(backend, b"first", 5000) is None
     backend.close()
 
 
