@@ -176,8 +176,11 @@ class FilePerKeyBackend(StorageBackend):
                     continue
                 other = found.get(entry.key)
                 if other is not None:  # the same key in both layouts: the newest wins
-                    older, newer = (other, (entry, path)) if other[0].seq < entry.seq else ((entry, path), other)
-                    log.info("gdskv: %s is an older copy of the record in %s; deleting it", older[1], newer[1])
+                    if other[0].seq != entry.seq:
+                        older, newer = (other, (entry, path)) if other[0].seq < entry.seq else ((entry, path), other)
+                        log.info("gdskv: %s is an older copy of the record in %s; deleting it", older[1], newer[1])
+                    else:  # one file under two names (a move that stopped): keep its place
+                        older, newer = (other, (entry, path)) if path == self.path_of(entry.key) else ((entry, path), other)
                     unlink_quietly(older[1])
                     stale_dirs.add(older[1].parent)
                     entry, path = newer
@@ -225,14 +228,27 @@ class FilePerKeyBackend(StorageBackend):
         return None, len(parts)
 
     def _move_into_place(self, moves: List[Tuple[Path, Path]], also_sync: Set[Path]) -> None:
-        """Rename each record file found outside its place to where :meth:`path_of` puts it,
-        then fsync the directories involved and ``also_sync``. Raises IoError."""
+        """Give each record file found outside its place the name :meth:`path_of` gives it,
+        then fsync the directories involved and ``also_sync``. Raises IoError.
+
+        Each file is linked at its place, and those directories are fsynced, before its old
+        name is unlinked: a rename is not crash-safe where the filesystem may write its two
+        directory entries back in either order (ext4 without a journal), and this way the
+        file has a durable name at every moment. A file left with both names is found twice
+        by the next open, which keeps the name at its place."""
         if not moves and not also_sync:
             return
         try:
             for found_at, place in moves:
-                os.replace(found_at, place)
-            self._fsync_dirs({p.parent for m in moves for p in m} | also_sync)
+                try:
+                    os.link(found_at, place)
+                except FileExistsError:  # not a record of its key (recovery removed those)
+                    os.replace(found_at, place)
+            self._fsync_dirs({place.parent for _, place in moves})
+            for found_at, _ in moves:
+                with contextlib.suppress(FileNotFoundError):  # replaced above
+                    os.unlink(found_at)
+            self._fsync_dirs({found_at.parent for found_at, _ in moves} | also_sync)
         except OSError as exc:
             raise IoError(f"cannot move a record file into place: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         if moves:
