@@ -242,7 +242,11 @@ class FilePerKeyBackend(StorageBackend):
             for found_at, place in moves:
                 try:
                     os.link(found_at, place)
-                except FileExistsError:  # not a record of its key (recovery removed those)
+                except OSError as exc:
+                    # EEXIST: not a record of its key (recovery removed those); the others:
+                    # a filesystem without hard links. A rename is what is left.
+                    if exc.errno not in (errno.EEXIST, errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+                        raise
                     os.replace(found_at, place)
             self._fsync_dirs({place.parent for _, place in moves})
             for found_at, _ in moves:

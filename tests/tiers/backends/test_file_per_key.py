@@ -397,6 +397,24 @@ def test_a_moved_file_is_durable_at_its_place_before_its_old_name_goes(tmp_path,
     backend.close()
 
 
+def test_files_move_by_rename_where_the_filesystem_has_no_hard_links(tmp_path, direct_psync, monkeypatch):
+    values = {f"k{i}".encode(): block(i, 3000) for i in range(10)}
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items(values))
+    backend.close()
+    to_older_tree(tmp_path, backend, values)
+
+    def no_links(src, dst, **kw):
+        raise OSError(errno.EPERM, "Operation not permitted", str(src))
+
+    monkeypatch.setattr(os, "link", no_links)
+    backend = open_backend(tmp_path, direct_psync)
+    monkeypatch.undo()
+    assert all(read(backend, key, 3000) == value for key, value in values.items())
+    assert not any(old_place(tmp_path, key).exists() for key in values)
+    backend.close()
+
+
 def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync, monkeypatch):
     """Otherwise a power loss after the key's removal could bring the older copy back."""
     import gdskv.tiers.backends.file_per_key as fpk
