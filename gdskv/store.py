@@ -445,7 +445,11 @@ class Store(OffloadMixin, HbmStoreMixin):
 
     def batch_get_into(self, keys: Sequence[Key], outs: Sequence[Any]) -> List[Optional[int]]:
         """``get_into`` for many keys; NVMe reads go out as one batch, HBM hits as one
-        batched device copy. None marks a miss."""
+        batched device copy. None marks a miss.
+
+        Raises what ``get_into`` raises. An error can come after some tiers were read (an
+        out found too small for a value replaced meanwhile, a closed store), so when it
+        raises, the contents of every one of ``outs`` are unspecified."""
         if len(keys) != len(outs):
             raise InvalidValueError("keys and outs differ in length", keys=len(keys), outs=len(outs))
         ks = [encode_key(k) for k in keys]
