@@ -250,13 +250,22 @@ def open_file(path: "str | os.PathLike[str]", flags: int, mode: int = 0o644, *, 
 
     Reads through the descriptor never touch the file's access time (``O_NOATIME``) when the
     process may ask for that (it owns the file, as a store owns its data files): ext4 would
-    otherwise check the atime on every read and write it after every change of the file."""
+    otherwise check the atime on every read and write it after every change of the file.
+
+    An O_DIRECT file asked for write-only is opened read-write where the process may read
+    it: an unaligned write reads the blocks around it first (:mod:`gdskv.gds.bounce`)."""
     if direct and O_DIRECT:
-        try:
-            return _open_noatime(path, flags | O_DIRECT, mode), True
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
+        readable = flags & ~os.O_ACCMODE | os.O_RDWR if flags & os.O_ACCMODE == os.O_WRONLY else flags
+        for attempt in dict.fromkeys([readable, flags]):  # read-write first, then as asked
+            try:
+                return _open_noatime(path, attempt | O_DIRECT, mode), True
+            except PermissionError:
+                if attempt == flags:
+                    raise
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                break
     return _open_noatime(path, flags, mode), False
 
 

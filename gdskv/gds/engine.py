@@ -9,11 +9,14 @@ An :class:`IoEngine` knows nothing of keys, records or layouts; a storage backen
 - ``IoFuture.result(timeout=None) -> list[int]``: the byte count of each request, in order,
   once all are done. A request that fails, or transfers fewer bytes than its buffers hold,
   makes ``result()`` raise :class:`gdskv.errors.IoError` with the path, offset and lengths;
-  a request whose buffers cannot be used (not flat byte views, or read-only memory to read
-  into) fails alone with :class:`gdskv.errors.InvalidValueError`
-  (:func:`request_error`). Empty buffers are allowed and move nothing.
+  a request whose buffers cannot be used (not flat, contiguous byte ``memoryview`` s, or
+  read-only memory to read into) fails alone with :class:`gdskv.errors.InvalidValueError`
+  (:func:`request_error`). Empty buffers are allowed and move nothing; a request of no
+  bytes at all is 0 and touches no file. ``result`` and ``outcomes`` raise ``TimeoutError``
+  if ``timeout`` passes while any request is still in flight, whatever the others did.
   Futures also offer ``done()``, ``as_completed()`` (each request's outcome as it
-  finishes) and can be awaited from asyncio.
+  finishes) and can be awaited from asyncio (it ends once every request has; cancelling
+  the awaiting task does not cancel the requests).
 - ``open_file(path, flags, mode) -> int``: open a file the way this engine wants to move
   its bytes: with ``O_DIRECT`` when the engine was built with ``direct=True`` and the
   filesystem allows it, buffered otherwise (the refusal is counted and logged once).
@@ -91,7 +94,8 @@ def request_error(request: IoRequest, offset: int, exc: BaseException) -> GdskvE
     :class:`GdskvError` as it is. Anything else is a bug and is not wrapped."""
     if isinstance(exc, GdskvError):
         return exc
-    context = {"path": request.path, "offset": max(offset, request.offset), "length": request.nbytes}
+    length = sum(b.nbytes if b.__class__ is memoryview else 0 for b in request.buffers)
+    context = {"path": request.path, "offset": max(offset, request.offset), "length": length}
     if isinstance(exc, OSError):
         return IoError(f"{request.op.value} failed: {exc.strerror}", errno=exc.errno, **context)
     if isinstance(exc, (ValueError, TypeError, BufferError)):
@@ -105,16 +109,23 @@ def check_buffers(request: IoRequest) -> None:
     writable (the kernel would write into read-only memory anyway: bytes are immutable)."""
     reading = request.op is IoOp.READ
     for buf in request.buffers:
-        if not usable(buf, reading):
-            raise InvalidValueError(
-                "buffers must be flat byte views" + (", writable to read into" if reading else ""),
-                path=request.path, offset=request.offset, format=buf.format, ndim=buf.ndim, readonly=buf.readonly,
-            )
+        if usable(buf, reading):
+            continue
+        context = {"path": request.path, "offset": request.offset}
+        if not isinstance(buf, memoryview):
+            raise InvalidValueError("buffers must be memoryviews (flat byte views)", type=type(buf).__name__, **context)
+        raise InvalidValueError(
+            "buffers must be flat, contiguous byte views" + (", writable to read into" if reading else ""),
+            format=buf.format, ndim=buf.ndim, contiguous=buf.c_contiguous, readonly=buf.readonly, **context,
+        )
 
 
 def usable(buf: memoryview, reading: bool) -> bool:
-    """Whether ``buf`` is a flat byte view, writable if ``reading``."""
-    return buf.format == "B" and buf.ndim == 1 and not (reading and buf.readonly)
+    """Whether ``buf`` is a flat, contiguous byte view, writable if ``reading``."""
+    return (
+        buf.__class__ is memoryview and buf.format == "B" and buf.ndim == 1 and buf.c_contiguous
+        and not (reading and buf.readonly)
+    )
 
 
 class IoFuture:
@@ -142,14 +153,22 @@ class IoFuture:
         return all(p.done() for p in self._parts)
 
     def result(self, timeout: Optional[float] = None) -> List[int]:
-        """Wait for every request; raise the first request's error, if any."""
-        concurrent.futures.wait(self._parts, timeout=timeout)
+        """Wait for every request; raise the first request's error, if any, or
+        ``TimeoutError`` if ``timeout`` seconds pass while a request is still in flight
+        (its buffers are still in use then, whatever the others did)."""
+        self._wait_all(timeout)
         return [p.result(timeout=0) for p in self._parts]
 
     def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
-        """Wait for every request; return each one's byte count or its exception."""
-        concurrent.futures.wait(self._parts, timeout=timeout)
+        """Wait for every request; return each one's byte count or its exception.
+        ``TimeoutError`` as :meth:`result`."""
+        self._wait_all(timeout)
         return [p.exception(timeout=0) or p.result(timeout=0) for p in self._parts]
+
+    def _wait_all(self, timeout: Optional[float]) -> None:
+        _, pending = concurrent.futures.wait(self._parts, timeout=timeout)
+        if pending:
+            raise TimeoutError(f"{len(pending)} I/O requests still in flight")
 
     def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
         """Yield ``(index, byte count or exception)`` for each request as it finishes, so a
@@ -159,9 +178,12 @@ class IoFuture:
             yield where[id(part)], part.exception(timeout=0) or part.result(timeout=0)
 
     def __await__(self) -> Generator[Any, None, List[int]]:
-        wrapped = [asyncio.wrap_future(p) for p in self._parts]
-        results = yield from asyncio.gather(*wrapped).__await__()
-        return list(results)
+        """Awaiting returns (or raises) only once every request has ended, as
+        :meth:`result` does: no buffer is still in use then. Cancelling the awaiting task
+        stops the wait, not the requests."""
+        if not self.done():  # asyncio.wait never cancels what it waits for
+            yield from asyncio.wait([asyncio.wrap_future(p) for p in self._parts]).__await__()
+        return self.result(0)
 
 
 class IoEngine:

@@ -108,7 +108,10 @@ class FaultyEngine(IoEngine):
         got = 0
         if half:
             part = _prefix(request.buffers, half)
-            got = sum(self.inner.run([IoRequest(IoOp.READ, request.fd, request.offset, part, request.path)]))
+            outcome = self.inner.submit([IoRequest(IoOp.READ, request.fd, request.offset, part, request.path)]).outcomes()[0]
+            if isinstance(outcome, BaseException):  # the half read failed itself: that error, as it is
+                return outcome if isinstance(outcome, IoError) else IoError(f"short read: {outcome}", path=request.path, offset=request.offset)
+            got = outcome
         return IoError("short read", path=request.path, offset=request.offset, expected=request.nbytes, got=got)
 
     def describe(self) -> dict[str, Any]:

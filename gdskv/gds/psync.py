@@ -70,6 +70,8 @@ class PsyncEngine(IoEngine):
         (:func:`request_error`)."""
         try:
             check_buffers(request)
+            if not request.nbytes:  # nothing to move (an unaligned one would rewrite a block)
+                return 0
             is_direct = is_direct_fd(request.fd) if request.direct is None else request.direct
             if is_direct and not is_aligned(request.offset, request.buffers):
                 if request.op is IoOp.READ:

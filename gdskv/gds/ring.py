@@ -275,12 +275,13 @@ class Ring:
                             future._resolve(index, request_error(request, request.offset, exc))
                             continue
                     dst = buffers[0]
-                    offset = request.offset
-                    lo = offset - offset % DIRECT_ALIGN
-                    hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
-                    if direct and dst.nbytes and hi - lo <= small and usable(dst, True):  # else check_buffers says why
-                        backlog.append(_Small(future, index, request, dst, lo, hi))
-                        continue
+                    if direct and usable(dst, True) and dst.nbytes:  # unusable: check_buffers says why
+                        offset = request.offset
+                        lo = offset - offset % DIRECT_ALIGN
+                        hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+                        if hi - lo <= small:
+                            backlog.append(_Small(future, index, request, dst, lo, hi))
+                            continue
                 req = _Req(future, index, request)
                 try:
                     check_buffers(request)

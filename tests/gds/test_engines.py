@@ -417,7 +417,7 @@ def test_a_small_read_that_fails_fails_alone_with_path_and_offset(engine, datafi
     fd, path = datafile
     engine.run([IoRequest.write(fd, 0, memoryview(block(7, 8192)), path=path)])
     other = str(tmp_path / "write-only")
-    wfd = engine.open_file(other, os.O_WRONLY | os.O_CREAT)  # O_DIRECT like fd when the engine is
+    wfd = os.open(other, os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if engine.direct else 0))  # like fd
     good = bytearray(100)
     try:
         outcomes = engine.submit(
@@ -514,3 +514,151 @@ def test_uring_caps_the_bytes_of_large_reads_in_flight(tmp_path, monkeypatch):
     assert read_all(4096, 64, 24, 8192)[1] == 24  # small reads: all at once
     os.close(fd)
     eng.close()
+
+
+# --------------------------------------------------------------- odd requests and waiting
+
+
+def test_a_zero_length_request_moves_nothing_and_rewrites_no_block(engine, datafile):
+    """An unaligned write of no bytes must not read and rewrite the block around it (which
+    could undo another write of the batch); a read of no bytes past the end is 0, not short."""
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(3, 5000)), path=path)])
+    staged = engine.describe().get("staged_write_bytes")
+    assert engine.run([IoRequest.write(fd, 100, memoryview(b""), path=path)]) == [0]
+    assert engine.run([IoRequest.read(fd, 6000, memoryview(bytearray(0)), path=path), IoRequest.read(fd, 8192, path=path)]) == [0, 0]
+    assert engine.describe().get("staged_write_bytes") == staged
+    assert _read(engine, fd, path, 0, 5000) == block(3, 5000)
+
+
+@pytest.mark.parametrize("make", [bytearray, lambda n: np.zeros(n, np.uint8), lambda n: memoryview(bytearray(2 * n))[::2]],
+                         ids=["bytearray", "numpy", "strided"])
+def test_a_buffer_that_is_not_a_flat_contiguous_memoryview_fails_its_request_alone(engine, datafile, make):
+    """Whatever the offset, size or engine: the request fails with InvalidValueError, the
+    rest of the batch runs, and submit() itself does not raise (nothing of the batch would
+    be left queued behind an exception)."""
+    fd, path = datafile
+    engine.run([IoRequest.write(fd, 0, memoryview(block(4, 8192)), path=path)])
+    for offset, size in [(0, 4096), (100, 1000), (5, 5000)]:
+        good = bytearray(4096)
+        outcomes = engine.submit([IoRequest.read(fd, 0, memoryview(good), path=path), IoRequest.read(fd, offset, make(size), path=path)]).outcomes()
+        assert outcomes[0] == 4096 and bytes(good) == block(4, 8192)[:4096]
+        assert isinstance(outcomes[1], InvalidValueError) and outcomes[1].context["path"] == path
+        outcomes = engine.submit([IoRequest.write(fd, offset, make(size), path=path)]).outcomes()
+        assert isinstance(outcomes[0], InvalidValueError)
+    assert _read(engine, fd, path, 0, 8192) == block(4, 8192)
+
+
+def test_an_o_direct_file_opened_write_only_takes_unaligned_writes(engine, tmp_path):
+    path = str(tmp_path / "wronly")
+    fd = engine.open_file(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        assert engine.run([IoRequest.write(fd, 0, memoryview(block(5, 10_000)), path=path)]) == [10_000]
+        assert engine.run([IoRequest.write(fd, 100, memoryview(block(6, 50)), path=path)]) == [50]
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data == block(5, 10_000)[:100] + block(6, 50) + block(5, 10_000)[150:]
+
+
+@pytest.fixture
+def held_reads(monkeypatch):
+    """psync reads that wait until the returned event is set (a slow device)."""
+    release = threading.Event()
+    real = os.preadv
+
+    def held(fd, buffers, offset, *args):
+        release.wait(10)
+        return real(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(os, "preadv", held)
+    yield release
+    release.set()
+
+
+def test_a_failed_request_does_not_end_the_wait_for_the_others(tmp_path, held_reads):
+    """result(timeout) and outcomes(timeout) raise TimeoutError while a request is in
+    flight, even when another one has failed already; awaiting returns only once all have
+    ended. Until then the caller's buffers are in use."""
+    from gdskv.gds.psync import PsyncEngine
+
+    engine = PsyncEngine(direct=False, threads=2)
+    path = tmp_path / "data"
+    path.write_bytes(block(1, 4096))
+    fd = os.open(path, os.O_RDONLY)
+    out = bytearray(4096)
+    try:
+        future = engine.submit([IoRequest.read(fd, 0, memoryview(out), path=str(path)), IoRequest.read(-1, 0, memoryview(bytearray(10)), path="bad")])
+        with pytest.raises(TimeoutError):
+            future.result(timeout=0.05)
+        with pytest.raises(TimeoutError):
+            future.outcomes(timeout=0.05)
+
+        async def wait():
+            task = asyncio.ensure_future(_awaited(future))
+            await asyncio.sleep(0.05)
+            assert not task.done()  # the failed request alone does not end it
+            held_reads.set()
+            with pytest.raises(InvalidValueError):
+                await task
+            assert future.done() and bytes(out) == block(1, 4096)
+
+        asyncio.run(wait())
+    finally:
+        held_reads.set()
+        os.close(fd)
+        engine.close()
+
+
+async def _awaited(future):
+    return await future
+
+
+def test_cancelling_an_await_leaves_the_requests_running(tmp_path, held_reads):
+    from gdskv.gds.psync import PsyncEngine
+
+    engine = PsyncEngine(direct=False, threads=1)
+    path = tmp_path / "data"
+    path.write_bytes(block(2, 3 * 4096))
+    fd = os.open(path, os.O_RDONLY)
+    outs = [bytearray(4096) for _ in range(3)]
+    try:
+        future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+
+        async def cancel():
+            task = asyncio.ensure_future(_awaited(future))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancel())
+        held_reads.set()
+        assert future.outcomes(timeout=10) == [4096] * 3
+        assert b"".join(outs) == block(2, 3 * 4096)
+    finally:
+        held_reads.set()
+        os.close(fd)
+        engine.close()
+
+
+def test_a_short_fault_whose_half_read_fails_fails_its_request_alone(tmp_path):
+    """FaultyEngine: the half a "short" fault really reads can fail itself (past the end of
+    the file); that error is the request's outcome, and submit() does not raise."""
+    from gdskv.gds.faulty import FaultyEngine
+    from gdskv.gds.psync import PsyncEngine
+
+    engine = FaultyEngine(PsyncEngine(direct=False))
+    path = tmp_path / "data"
+    path.write_bytes(block(3, 10_000))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        engine.inject("short", path_contains="data", times=1)
+        outcomes = engine.submit([IoRequest.read(fd, 9500, memoryview(bytearray(2000)), path=str(path)),
+                                  IoRequest.read(fd, 0, memoryview(bytearray(10)), path="other")]).outcomes()
+        assert isinstance(outcomes[0], IoError) and outcomes[0].context["offset"] == 9500
+        assert outcomes[1] == 10
+    finally:
+        os.close(fd)
+        engine.close()
