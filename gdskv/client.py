@@ -46,7 +46,7 @@ from gdskv.node.node import Node
 from gdskv.store import Store
 from gdskv.transport import ItemStatus, make_transport
 from gdskv.transport.frames import value_crc
-from gdskv.types import Key, byte_view, encode_key
+from gdskv.types import Key, byte_view, encode_key, sequence_arg
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,9 @@ class Client:
     def batch_put(self, keys: Sequence[Key], values: Sequence[Any], *, overwrite: bool = False) -> None:
         """Store every pair (see the module docstring); raises on the first key that fails."""
         self._check_open()
-        if len(keys) != len(values):
+        if len(sequence_arg(keys, "keys")) != len(sequence_arg(values, "values")):
             raise InvalidValueError("keys and values differ in length", keys=len(keys), values=len(values))
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         views = [byte_view(v) for v in values]
         crcs = [value_crc(k, v) for k, v in zip(ks, views)]
         if overwrite:
@@ -188,7 +188,7 @@ class Client:
 
     def batch_get(self, keys: Sequence[Key]) -> List[Optional[bytearray]]:
         self._check_open()
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         out: List[Optional[bytearray]] = [None] * len(ks)
         remote = list(range(len(ks)))
         if self.local is not None:
@@ -218,9 +218,9 @@ class Client:
     def batch_get_into(self, keys: Sequence[Key], outs: Sequence[Any]) -> List[Optional[int]]:
         """``get_into`` for many keys; remote ones in one lookup and one transfer per peer."""
         self._check_open()
-        if len(keys) != len(outs):
+        if len(sequence_arg(keys, "keys")) != len(sequence_arg(outs, "outs")):
             raise InvalidValueError("keys and outs differ in length", keys=len(keys), outs=len(outs))
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         views = [byte_view(o, writable=True, what="out") for o in outs]
         results: List[Optional[int]] = [None] * len(ks)
         if self.local is not None:
@@ -252,7 +252,7 @@ class Client:
 
     def batch_exists(self, keys: Sequence[Key]) -> List[bool]:
         self._check_open()
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         found = self.local.batch_exists(ks) if self.local is not None else [False] * len(ks)
         ask = [i for i, f in enumerate(found) if not f]
         if ask:
@@ -267,7 +267,7 @@ class Client:
     def batch_remove(self, keys: Sequence[Key]) -> List[bool]:
         """Remove everywhere; returns, per key, whether it was stored."""
         self._check_open()
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         res = self._master.remove(ks)
         existed = list(res.existed)
         holders: Dict[int, List[int]] = collections.defaultdict(list)
@@ -295,7 +295,7 @@ class Client:
         """Ask ``node`` (a node id or a data address) to pull ``keys`` into its own store;
         per key, whether it holds the key now."""
         self._check_open()
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         address = self._address_of(node)
         statuses = self._transport.pull(address, ks)
         return [s == ItemStatus.OK for s in statuses]

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import List, Optional
 
-from gdskv.errors import GdskvError, IoError, NoSpaceError
+from gdskv.errors import GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.tiers.backends.record import record_size
 from gdskv.tiers.dram import DramEntry, SsdState
 from gdskv.types import Tier
@@ -42,6 +42,8 @@ class OffloadMixin:
         Raises the offloader's error if a batch fails meanwhile (the objects stay in DRAM and
         are retried), and :class:`NoSpaceError` if ``timeout`` seconds pass first.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout):
+            raise InvalidValueError("flush timeout must be a number of seconds or None", got=repr(timeout))
         if self._backend is None:
             return
         deadline = None if timeout is None else time.monotonic() + timeout

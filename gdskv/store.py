@@ -58,6 +58,7 @@ from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Tup
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
+    ConfigError,
     GdskvError,
     InvalidValueError,
     IoError,
@@ -75,7 +76,7 @@ from gdskv.tiers.backends.record import checksum, record_size
 from gdskv.tiers.devpool import DevicePool
 from gdskv.tiers.dram import DramEntry, DramTier, SsdState
 from gdskv.tiers.policies import make_policy
-from gdskv.types import Key, Tier, byte_view, encode_key
+from gdskv.types import Key, Tier, byte_view, encode_key, sequence_arg
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class Store(OffloadMixin, HbmStoreMixin):
         (the store owns it from then on and closes it); used to test fault handling.
         ``hbm_pool`` replaces the device pool ``config.hbm_bytes`` asks for (the store owns
         and closes it); tests pass a :class:`~gdskv.tiers.devpool.HostStandInPool`."""
+        if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+            raise ConfigError("a store path must be a str or os.PathLike of str", got=type(path).__name__)
         self.path = Path(path)
         self.config = config
         self._lock_fd = open_store_directory(self.path, config)
@@ -257,7 +260,7 @@ class Store(OffloadMixin, HbmStoreMixin):
 
     def batch_put(self, keys: Sequence[Key], values: Sequence[Any], *, overwrite: bool = False) -> None:
         """Put each ``(key, value)`` pair; stops at the first error (earlier pairs stay stored)."""
-        if len(keys) != len(values):
+        if len(sequence_arg(keys, "keys")) != len(sequence_arg(values, "values")):
             raise InvalidValueError("keys and values differ in length", keys=len(keys), values=len(values))
         for key, value in zip(keys, values):
             self.put(key, value, overwrite=overwrite)
@@ -450,7 +453,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         Raises what ``get_into`` raises. An error can come after some tiers were read (an
         out found too small for a value replaced meanwhile, a closed store), so when it
         raises, the contents of every one of ``outs`` are unspecified."""
-        if len(keys) != len(outs):
+        if len(sequence_arg(keys, "keys")) != len(sequence_arg(outs, "outs")):
             raise InvalidValueError("keys and outs differ in length", keys=len(keys), outs=len(outs))
         ks = [encode_key(k) for k in keys]
         return self._read_batch(ks, [self._out_buffer(o) for o in outs])
@@ -633,7 +636,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         return self.batch_exists([key])[0]
 
     def batch_exists(self, keys: Sequence[Key]) -> List[bool]:
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         with self._lock:
             self._check_open()
             return [self._size_of(k) is not None for k in ks]

@@ -37,7 +37,10 @@ def encode_key(key: Any) -> bytes:
     non-empty and at most :data:`MAX_KEY_BYTES` long once encoded.
     """
     if isinstance(key, str):
-        raw = key.encode("utf-8")
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a mis-decoded file name
+            raise InvalidKeyError("str key is not encodable as UTF-8", at=exc.start) from None
     elif isinstance(key, bytes):
         raw = key
     elif isinstance(key, (bytearray, memoryview)):
@@ -49,6 +52,15 @@ def encode_key(key: Any) -> bytes:
     if len(raw) > MAX_KEY_BYTES:
         raise InvalidKeyError("key too long", limit=MAX_KEY_BYTES, got=len(raw))
     return raw
+
+
+def sequence_arg(items: Any, what: str) -> Any:
+    """``items`` if it is a sized, iterable collection of items (a list, a tuple); a str or
+    bytes-like object (a key, not a sequence of keys), or anything else, is
+    :class:`InvalidValueError`."""
+    if isinstance(items, (str, bytes, bytearray, memoryview)) or not (hasattr(items, "__len__") and hasattr(items, "__iter__")):
+        raise InvalidValueError(f"{what} must be a sequence (a list or a tuple)", got=type(items).__name__)
+    return items
 
 
 def byte_view(value: Any, *, writable: bool = False, what: str = "value") -> memoryview:

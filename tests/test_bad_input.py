@@ -86,6 +86,17 @@ BAD_CALLS = {
     "key tuple remove": (lambda s: s.remove(("on-ssd",)), InvalidKeyError),
     "key list exists": (lambda s: s.exists(["on-ssd"]), InvalidKeyError),
     "key in batch": (lambda s: s.batch_exists(["on-ssd", 7]), InvalidKeyError),
+    "key not UTF-8 put": (lambda s: s.put("\udc80", b"x"), InvalidKeyError),
+    "key not UTF-8 get": (lambda s: s.get("on-\udc80"), InvalidKeyError),
+    "key not UTF-8 remove": (lambda s: s.remove("\udc80"), InvalidKeyError),
+    # sequences of keys
+    "batch keys int": (lambda s: s.batch_exists(5), InvalidValueError),
+    "batch keys str": (lambda s: s.batch_exists("on-ssd"), InvalidValueError),
+    "batch put ints": (lambda s: s.batch_put(5, 5), InvalidValueError),
+    "batch get_into outs int": (lambda s: s.batch_get_into(["both"], 5), InvalidValueError),
+    # other arguments
+    "flush timeout str": (lambda s: s.flush(timeout="1"), InvalidValueError),
+    "flush timeout nan": (lambda s: s.flush(timeout=float("nan")), InvalidValueError),
     # output buffers
     "out too small (ssd)": (lambda s: s.get_into("on-ssd", bytearray(100 * KiB - 1)), InvalidValueError),
     "out too small (dram)": (lambda s: s.get_into("dram-only", bytearray(6)), InvalidValueError),
@@ -164,6 +175,12 @@ def test_store_path_that_is_a_file_is_refused(tmp_path):
         gdskv.open(path, **OPTIONS)
     assert info.value.context["path"] == str(path)
     assert path.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("path", [None, b"/tmp/bytes-path", 42], ids=["None", "bytes", "int"])
+def test_store_path_of_the_wrong_type_is_a_config_error(path):
+    with pytest.raises(ConfigError, match="store path"):
+        gdskv.open(path, **OPTIONS)
 
 
 LOCK_PROBE = """
