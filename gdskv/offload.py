@@ -94,6 +94,10 @@ class OffloadMixin:
                 error = exc
             except OSError as exc:
                 error = IoError(f"offload failed: {exc}", errno=exc.errno)
+            except Exception as exc:  # noqa: BLE001 - a bug or MemoryError must not kill the offloader
+                # (flush(), close() and remove() of these keys would wait for it forever).
+                log.error("gdskv: offload raised %s", type(exc).__name__, exc_info=True)
+                error = IoError(f"offload failed: {type(exc).__name__}: {exc}")
             elapsed = time.perf_counter() - t0
             del items
             with self._lock:

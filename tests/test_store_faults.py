@@ -71,6 +71,34 @@ def test_a_truncated_file_is_a_short_read_and_a_miss(tmp_path):
         assert store.stats()["nvme"]["read_errors"] == 1
 
 
+def test_an_unexpected_exception_while_offloading_fails_the_batch_and_the_offloader_goes_on(tmp_path):
+    """A MemoryError (or a bug) raised by a write is a failed batch like an IoError: the
+    objects stay in DRAM and the batch is retried. Before, it ended the offloader thread,
+    and flush(), close() and remove() of those keys then waited forever."""
+    store, faulty = open_faulty(tmp_path, "bucket", "psync")
+    real_submit = faulty.submit
+    raised = []
+
+    def submit(requests):
+        if not raised and any(r.op is IoOp.WRITE for r in requests):
+            raised.append(True)
+            raise MemoryError("staging")
+        return real_submit(requests)
+
+    faulty.submit = submit
+    with store:
+        store.put("k", block(1, 5000))
+        try:  # raises if the failure comes while it waits, else waits for the retry
+            store.flush(timeout=10)
+        except gdskv.IoError as exc:
+            assert "MemoryError" in str(exc)
+            assert store.get("k") == block(1, 5000)
+            store.flush(timeout=10)  # the retry
+        stats = store.stats()
+        assert raised and stats["offload"]["failures"] == 1 and stats["nvme"]["objects"] == 1
+        assert store.remove("k")
+
+
 def test_enospc_while_offloading_pauses_keeps_dram_and_resumes(tmp_path, backend_engine):
     backend, engine_name = backend_engine
     store, faulty = open_faulty(tmp_path, backend, engine_name)
