@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
 import gdskv
 from gdskv.config import format_size
+from gdskv.storedir import stored_backend
+from gdskv.tiers.backends import BACKENDS
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -21,13 +25,21 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("path", help="store directory")
-        p.add_argument("--ssd", default=None, help="NVMe byte cap to open with (default: the config default)")
+        p.add_argument("--ssd", default=None, help="NVMe byte cap to open with (default: the capacity an offset store was made with, "
+                                                   "else the config default)")
         p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH ('-' for stdout)")
         p.set_defaults(func=func)
 
 
 def _open(args: argparse.Namespace) -> gdskv.Store:
-    return gdskv.open(args.path, dram="1MiB", ssd=args.ssd)
+    """The store at ``args.path``, opened with the backend it was created with (unless
+    ``--backend`` says otherwise) and, without ``--ssd``, the capacity it was made with where
+    its backend records one (``offset``): looking at a store never resizes its files."""
+    backend = os.environ.get("GDSKV_BACKEND") or stored_backend(Path(args.path))
+    ssd = args.ssd
+    if ssd is None and backend in BACKENDS:
+        ssd = BACKENDS[backend].stored_capacity(Path(args.path))
+    return gdskv.open(args.path, dram="1MiB", ssd=ssd, **({"backend": backend} if backend else {}))
 
 
 def _emit_json(args: argparse.Namespace, payload: dict) -> None:

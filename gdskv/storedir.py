@@ -41,6 +41,15 @@ def open_store_directory(path: Path, config: StoreConfig) -> int:
     return fd
 
 
+def stored_backend(path: Path) -> "str | None":
+    """The backend the store in directory ``path`` was created with (its ``gdskv.json``);
+    None when there is no readable one (no store there yet)."""
+    try:
+        return str(json.loads((Path(path) / META_FILE).read_text())["backend"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def store_format_version(backend: str) -> int:
     """The ``format_version`` this gdskv writes for a store of ``backend``: the backend's
     layout version (see :attr:`StorageBackend.layout_version`), at least the records'

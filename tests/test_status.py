@@ -39,3 +39,20 @@ def test_cli_reports_errors_cleanly(tmp_path, capsys):
     f.write_text("x")
     assert main(["status", str(f)]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_status_opens_a_store_as_it_was_made_and_resizes_nothing(tmp_path, capsys, monkeypatch):
+    """Without --backend and --ssd: the backend of the store's gdskv.json and, for an offset
+    store (which cannot shrink, and would grow its data file to the default capacity), the
+    capacity it was made with."""
+    monkeypatch.delenv("GDSKV_BACKEND", raising=False)
+    monkeypatch.delenv("GDSKV_SSD", raising=False)
+    path = tmp_path / "s"
+    with gdskv.open(path, dram="4MiB", ssd="64MiB", backend="offset", io_engine="psync") as store:
+        store.put("k", block(1, 10_000))
+    data = path / "offset" / "data"
+    size = data.stat().st_size
+    assert main(["status", str(path)]) == 0
+    assert "1 in" in capsys.readouterr().out
+    assert main(["check", str(path)]) == 0
+    assert data.stat().st_size == size == 64 << 20

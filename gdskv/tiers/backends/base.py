@@ -178,6 +178,12 @@ class StorageBackend:
     #: one refuses the store. Records and indexes carry :data:`record.FORMAT_VERSION`.
     layout_version = 1
 
+    @classmethod
+    def stored_capacity(cls, root: Path) -> Optional[int]:
+        """The capacity the store in ``root`` was made with, for a backend that cannot open
+        it with less (see the ``offset`` backend); None: any capacity opens it."""
+        return None
+
     def __init__(
         self, root: Path, engine: Any, *, capacity: int, eviction: str = "fifo", verify_on_open: str = "index"
     ) -> None:

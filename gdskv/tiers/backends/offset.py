@@ -59,7 +59,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -131,6 +131,16 @@ class OffsetBackend(StorageBackend):
             "corrupt_reads": 0,
             "read_errors": 0,
         }
+
+    @classmethod
+    def stored_capacity(cls, root: Path) -> Optional[int]:
+        """The capacity of the offset store in ``root`` as its checkpoint records it (the
+        size of its data file); None where there is no readable checkpoint."""
+        try:
+            _watermark, capacity, _listed = decode_index((Path(root) / cls.subdir / CHECKPOINT_FILE).read_bytes())
+        except (OSError, GdskvError):
+            return None
+        return capacity
 
     # ------------------------------------------------------------------ recovery
 
@@ -250,7 +260,7 @@ class OffsetBackend(StorageBackend):
         except OSError as exc:  # it may be readable later: fail the open, touch nothing
             raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(self.checkpoint_path), errno=exc.errno) from exc
         try:
-            watermark, _capacity, listed = decode_index(raw, path=str(self.checkpoint_path))
+            watermark, capacity, listed = decode_index(raw, path=str(self.checkpoint_path))
         except FormatVersionError:
             raise
         except CorruptionError as exc:
@@ -259,6 +269,13 @@ class OffsetBackend(StorageBackend):
             log.warning("gdskv: damaged checkpoint, dropping every object of %s: %s", self.dir, exc)
             report.dropped_corrupt += 1
             return None
+        if capacity > self.capacity:
+            # Records past the new end would be lost, and with them tombstones that keep
+            # removed keys from coming back: refuse, and touch nothing.
+            raise ConfigError(
+                "an offset store cannot shrink: open it with its capacity or more, or remove its "
+                "directory to start an empty one", path=str(self.dir), stored=capacity, requested=self.capacity,
+            )
         self._watermark = watermark
         self._next_seq = watermark + 1
         entries: Dict[bytes, IndexEntry] = {}

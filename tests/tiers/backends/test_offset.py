@@ -483,3 +483,26 @@ def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path
     again = open_backend(tmp_path, direct_psync)
     verify_holds(again, {"A": (1, 5000), "K": (2, 7000)})
     again.close()
+
+
+def test_a_smaller_capacity_is_refused_and_touches_nothing(tmp_path, direct_psync):
+    """Records past a smaller end would be lost, tombstones among them (a removed key could
+    come back): the open fails with ConfigError, and the store opens again as it was, with
+    its capacity or more."""
+    from gdskv.errors import ConfigError
+
+    backend = open_backend(tmp_path, direct_psync, capacity=16 * MiB)
+    backend.write(items({f"k{i}".encode(): value_of(i, 1 * MiB) for i in range(12)}))
+    backend.close()
+    files = {p.name: p.read_bytes() for p in (tmp_path / "offset").iterdir()}
+    assert OffsetBackend.stored_capacity(tmp_path) == 16 * MiB
+    for smaller in (4 * MiB, 15 * MiB):
+        with pytest.raises(ConfigError, match="cannot shrink") as info:
+            open_backend(tmp_path, direct_psync, capacity=smaller)
+        assert info.value.context["stored"] == 16 * MiB and info.value.context["requested"] == smaller
+        assert {p.name: p.read_bytes() for p in (tmp_path / "offset").iterdir()} == files
+    larger = open_backend(tmp_path, direct_psync, capacity=32 * MiB)
+    assert os.stat(larger.data_path).st_size == 32 * MiB
+    verify_holds(larger, {f"k{i}": (i, 1 * MiB) for i in range(12)})
+    larger.close()
+    assert OffsetBackend.stored_capacity(tmp_path) == 32 * MiB
