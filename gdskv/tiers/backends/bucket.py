@@ -31,7 +31,7 @@ import concurrent.futures
 import logging
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from gdskv.errors import (
     CorruptionError,
@@ -110,6 +110,9 @@ class BucketBackend(StorageBackend):
         super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
         self._buckets: Dict[int, _Bucket] = {}
         self._objects: Dict[bytes, _Bucket] = {}
+        #: Buckets whose index on disk still lists a key a newer bucket holds (its rewrite
+        #: failed); see :meth:`_supersede`.
+        self._stale_indexes: Set[int] = set()
         self._used = 0
         self._next_bucket = 1
         self._next_seq = 1
@@ -304,7 +307,7 @@ class BucketBackend(StorageBackend):
             for key in bucket.entries:
                 older = self._objects.get(key)
                 if older is not None:
-                    self._forget(older, key)
+                    self._supersede(older, key)
                 self._objects[key] = bucket
             self.counters["buckets_written"] += 1
             self.counters["bytes_written"] += data_len
@@ -318,6 +321,8 @@ class BucketBackend(StorageBackend):
         and whether a file was renamed to ``reuse_as``."""
         evicted: List[bytes] = []
         reused = False
+        if self._used + nbytes > self.capacity:
+            self._persist_stale_indexes()  # a victim may hold the newest copy of a key they list
         while self._used + nbytes > self.capacity:
             victim = self._policy.first_victim()
             if victim is None:
@@ -362,21 +367,59 @@ class BucketBackend(StorageBackend):
         return False
 
     def _forget(self, bucket: _Bucket, key: bytes) -> None:
-        """Drop ``key`` from ``bucket`` durably. Lock held."""
+        """Drop ``key`` from ``bucket`` durably (lock held). The disk changes first: when it
+        cannot (IoError), nothing changed, and the key is there in memory as on disk, so a
+        retried remove finds it again."""
+        self._persist_stale_indexes()  # an older copy of the key must not be the newest on disk
+        rest = [entry for k, entry in bucket.entries.items() if k != key]
+        if rest:
+            self._persist_index(bucket, rest)
         bucket.entries.pop(key, None)
         if self._objects.get(key) is bucket:
             del self._objects[key]
-        if not bucket.entries:
+        if not rest:
             self._drop_bucket(bucket)
             try:
                 fsync_dir(self.dir)  # the unlinks, like an index rewrite, must outlive a power loss
             except OSError as exc:
                 raise IoError(f"could not sync {self.dir}: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
-        else:
-            self._persist_index(bucket)
 
-    def _persist_index(self, bucket: _Bucket) -> None:
-        write_file_atomic(bucket.index_path, encode_index(bucket.id, bucket.data_len, bucket.entries.values()))
+    def _supersede(self, bucket: _Bucket, key: bytes) -> None:
+        """Drop ``key`` from ``bucket``: a newer bucket holds it now (lock held). That copy
+        wins at recovery (the newest sequence number), so this never fails the write: an
+        index that cannot be rewritten now stays listed in ``_stale_indexes`` and is
+        rewritten before anything can leave its entry the newest on disk again (a remove,
+        an eviction: :meth:`_persist_stale_indexes`)."""
+        bucket.entries.pop(key, None)
+        if self._objects.get(key) is bucket:
+            del self._objects[key]
+        if not bucket.entries:
+            self._stale_indexes.discard(bucket.id)
+            self._drop_bucket(bucket)
+            try:
+                fsync_dir(self.dir)
+            except OSError as exc:  # the newer copy wins while it is there
+                log.warning("gdskv: could not sync %s after deleting %s: %s", self.dir, bucket.index_path.name, exc)
+            return
+        try:
+            self._persist_index(bucket)
+        except (OSError, GdskvError) as exc:
+            self._stale_indexes.add(bucket.id)
+            log.warning("gdskv: could not rewrite the index of %s (retried later): %s", bucket.index_path.name, exc)
+
+    def _persist_stale_indexes(self) -> None:
+        """Rewrite the indexes that still list keys newer buckets hold (lock held); raises
+        IoError while one cannot be written."""
+        for bucket_id in sorted(self._stale_indexes):
+            bucket = self._buckets.get(bucket_id)
+            if bucket is not None:
+                self._persist_index(bucket)
+            self._stale_indexes.discard(bucket_id)
+
+    def _persist_index(self, bucket: _Bucket, entries: Optional[Iterable[IndexEntry]] = None) -> None:
+        """Write ``bucket``'s index listing ``entries`` (default: its entries) atomically."""
+        listed = bucket.entries.values() if entries is None else entries
+        write_file_atomic(bucket.index_path, encode_index(bucket.id, bucket.data_len, listed))
 
     # ------------------------------------------------------------------ reads
 

@@ -57,7 +57,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
@@ -117,6 +117,9 @@ class OffsetBackend(StorageBackend):
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
         self._objects: Dict[bytes, IndexEntry] = {}
         self._deferred: List[int] = []  # record offsets to free after the next checkpoint
+        #: Keys gone from the index (evicted or removed) that the checkpoint on disk still
+        #: lists and no durable tombstone outranks: cleared by each checkpoint (lock held).
+        self._dropped: Set[bytes] = set()
         self._pins: Dict[int, int] = {}
         self._window: List[Tuple[int, int]] = []  # sorted (start, end)
         self._watermark = 0
@@ -370,6 +373,8 @@ class OffsetBackend(StorageBackend):
                 for offset in offsets:
                     self._alloc.free(offset)
             raise
+        with self._lock:
+            self._dropped.clear()  # the checkpoint on disk lists only the index now
         self._window = window
         self._watermark = watermark
         self.counters["checkpoints"] += 1
@@ -424,6 +429,7 @@ class OffsetBackend(StorageBackend):
             self.evict_listener(list(keys))
         for key in keys:
             entry = self._objects.pop(key)
+            self._dropped.add(key)
             self._policy.remove(key)
             offset = _record_start(entry)
             if self._pins.get(offset):
@@ -486,15 +492,25 @@ class OffsetBackend(StorageBackend):
             log.warning("gdskv: checkpoint after a failed write failed too: %s", exc)
 
     def remove(self, key: bytes) -> bool:
-        """Forget ``key`` durably: a tombstone record in the window (or a checkpoint)."""
+        """Forget ``key`` durably: a tombstone record in the window (or a checkpoint).
+
+        Returns whether the key was there, in the index or still on disk: a key gone from
+        the index that the checkpoint on disk still lists (evicted, or removed, by a call
+        whose checkpoint or tombstone failed) takes a checkpoint now, so that it cannot come
+        back at the next open. Raises IoError while that cannot be made durable."""
         with self._wlock:
             self._check_open()
             with self._lock:
                 entry = self._objects.pop(key, None)
-                if entry is None:
+                if entry is None and key not in self._dropped:
                     return False
-                self._policy.remove(key)
-                self._deferred.append(_record_start(entry))
+                if entry is not None:
+                    self._dropped.add(key)
+                    self._policy.remove(key)
+                    self._deferred.append(_record_start(entry))
+            if entry is None:
+                self._checkpoint([])
+                return True
             size = head_size(len(key))
             with self._lock:
                 offsets = self._try_place([size])
@@ -518,6 +534,7 @@ class OffsetBackend(StorageBackend):
                 return True
             with self._lock:
                 self._deferred.append(offsets[0])
+                self._dropped.discard(key)  # the tombstone outranks what the checkpoint lists
             self.counters["tombstones"] += 1
             return True
 

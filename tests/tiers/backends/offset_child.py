@@ -12,7 +12,9 @@ Steps (JSON lists):
     ["write", {key: [seed, size], ...}]   one batch; ``wrote`` once write() returned, then
                                           ``evicted K...`` (the keys it returned)
     ["write_fails", {key: [seed, size]}]  one batch that must raise: ``failed ErrorClass``
-    ["remove", key]                        ``removed True|False`` once remove() returned
+    ["remove", key]                        ``removed True|False`` once remove() returned,
+                                           ``remove failed ErrorClass`` if it raised
+    ["fail_writes", n]                     the next ``n`` batches of writes fail with EIO
     ["fail_checkpoints", n]                the next ``n`` checkpoint writes fail with ENOSPC
                                            (``write_file_atomic`` of the offset module is
                                            patched in this process; the files are real)
@@ -56,6 +58,7 @@ class TestEngine:
         self._engine = engine
         self.entered, self.release = threading.Event(), threading.Event()
         self.tearing = False
+        self.failing_writes = 0
 
     def submit(self, requests):
         if threading.current_thread().name == "held-read":
@@ -64,6 +67,11 @@ class TestEngine:
         return self._engine.submit(requests)
 
     def run(self, requests):
+        if self.failing_writes and requests and requests[0].op.value == "write":
+            from gdskv.errors import IoError
+
+            self.failing_writes -= 1
+            raise IoError("write failed: Input/output error", errno=errno.EIO)
         if self.tearing and requests and requests[0].op.value == "write":
             heads = [r._replace(buffers=r.buffers[:1]) for r in requests]
             self._engine.run(heads)
@@ -132,7 +140,12 @@ def main(options: dict) -> None:
             else:
                 say("failed nothing")
         elif op == "remove":
-            say(f"removed {backend.remove(args[0].encode())}")
+            try:
+                say(f"removed {backend.remove(args[0].encode())}")
+            except GdskvError as exc:
+                say(f"remove failed {type(exc).__name__}")
+        elif op == "fail_writes":
+            engine.failing_writes = args[0]
         elif op == "fail_checkpoints":
             failing["left"] = args[0]
         elif op == "pin":

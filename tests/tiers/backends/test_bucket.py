@@ -364,3 +364,65 @@ def test_removing_the_last_key_of_a_bucket_syncs_the_directory(backends, monkeyp
     assert listings and loc.index.name in listings[-1]
     assert b.remove(b"a")
     assert loc.index.name not in listings[-1] and loc.data.name not in listings[-1]
+
+
+def failing_index_writes(monkeypatch, count: int) -> None:
+    """The next ``count`` index rewrites of the bucket backend fail with ENOSPC."""
+    import errno
+
+    import gdskv.tiers.backends.bucket as bucket_module
+
+    real = bucket_module.write_file_atomic
+    left = [count]
+
+    def write_file_atomic(path, data, **kwargs):
+        if left[0]:
+            left[0] -= 1
+            raise IoError(f"could not write {path.name}: No space left on device", path=str(path), errno=errno.ENOSPC)
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(bucket_module, "write_file_atomic", write_file_atomic)
+
+
+def test_a_remove_whose_index_rewrite_fails_changes_nothing(backends, monkeypatch):
+    """The key stays, in memory as on disk: a retried remove finds it and makes it durable
+    (before, the retry returned False and the key came back at the next open)."""
+    b = backends.open()
+    write(b, {"a": block(1, 100), "b": block(2, 100)})
+    failing_index_writes(monkeypatch, 1)
+    with pytest.raises(IoError):
+        b.remove(b"a")
+    assert read(b, "a") == block(1, 100)
+    assert b.remove(b"a") and not b.remove(b"a")
+    backends.close_all()
+    b = backends.open()
+    assert read(b, "a") is None and read(b, "b") == block(2, 100)
+
+
+def test_an_older_index_that_cannot_be_rewritten_is_rewritten_before_a_remove(backends, monkeypatch):
+    """An overwrite of "a" lands in a new bucket; rewriting the older bucket's index without
+    "a" fails (the write still succeeds: the newer copy wins at recovery). A remove of "a"
+    must rewrite that older index first, or the old value of "a" comes back at reopen."""
+    b = backends.open()
+    write(b, {"a": block(1, 100), "b": block(2, 100)})
+    failing_index_writes(monkeypatch, 1)
+    write(b, {"a": block(3, 100)})
+    assert read(b, "a") == block(3, 100)
+    assert b.remove(b"a")
+    backends.close_all()
+    b = backends.open()
+    assert read(b, "a") is None and read(b, "b") == block(2, 100)
+
+
+def test_an_older_index_that_cannot_be_rewritten_is_rewritten_before_an_eviction(backends, monkeypatch):
+    """As above, but the newer bucket is evicted (LRU: the older one was read since): that
+    must not leave the older copy of "a" listed as the newest on disk."""
+    b = backends.open(capacity=64 * KiB, eviction="lru")
+    write(b, {"a": block(1, 10_000), "b": block(2, 10_000)})  # 32 KiB with their head blocks
+    failing_index_writes(monkeypatch, 1)
+    write(b, {"a": block(3, 10_000)})  # 16 KiB
+    assert read(b, "b") == block(2, 10_000)  # the older bucket is the most recently used
+    assert write(b, {"c": block(4, 14_000)}) == [b"a"]  # 20 KiB: evicts "a"'s new bucket
+    backends.close_all()
+    b = backends.open(capacity=64 * KiB, eviction="lru")
+    assert read(b, "a") is None and read(b, "b") == block(2, 10_000)

@@ -407,6 +407,45 @@ def test_a_failed_checkpoint_leaves_this_epochs_tombstone_alone(tmp_path, direct
     again.close()
 
 
+def test_removing_a_key_whose_eviction_is_not_durable_yet_makes_it_durable(tmp_path, direct_psync):
+    """A checkpoint evicts A and B, then cannot be written: the checkpoint on disk still
+    lists them. A remove of A then takes a checkpoint (there is nothing in the index to put
+    a tombstone against), or A comes back after a crash though remove() returned."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"A": value_of(1, 5000), b"B": value_of(2, 5000)}))
+    backend.close()  # A and B listed in the checkpoint
+    out = run_child(tmp_path, [
+        ["fail_checkpoints", 1],
+        ["write_fails", {"big": (9, 15 * MiB)}],  # evicts A and B, then its checkpoint fails
+        ["remove", "A"],
+    ])
+    assert "failed IoError" in out and sorted(heard(out)) == ["A", "B"]
+    assert "removed True" in out
+    again = open_backend(tmp_path, direct_psync)
+    assert b"A" not in again.keys()
+    again.close()
+
+
+def test_a_failed_remove_is_found_again_by_the_next_one(tmp_path, direct_psync):
+    """The tombstone write fails and so does the checkpoint after it: remove() raises, and
+    the checkpoint on disk still lists K. The next remove() of K must make that durable
+    (before: it found nothing in the index, returned False, and K came back at reopen)."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"K": value_of(1, 5000), b"A": value_of(2, 5000)}))
+    backend.close()
+    out = run_child(tmp_path, [
+        ["fail_writes", 1],
+        ["fail_checkpoints", 1],
+        ["remove", "K"],
+        ["remove", "K"],
+        ["remove", "K"],
+    ])
+    assert out[-3:] == ["remove failed IoError", "removed True", "removed False"], out
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"A": (2, 5000)})
+    again.close()
+
+
 def test_a_checkpoint_without_room_leaves_this_epochs_records_alone(tmp_path, direct_psync):
     """A checkpoint that evicts and then finds no room (a read pins a record) raises
     NoSpaceError with the old checkpoint still in force: the evicted keys are reported to
