@@ -645,7 +645,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         return self.exists(key)
 
     def __len__(self) -> int:
+        """How many keys the store holds, in any tier. StoreClosedError after close()."""
         with self._lock:
+            self._check_open()
             keys = {k for k, e in self._dram.entries.items() if e.complete}
             if self._backend is not None:
                 keys.update(self._backend.keys())
@@ -654,7 +656,8 @@ class Store(OffloadMixin, HbmStoreMixin):
             return len(keys)
 
     def stats(self) -> dict:
-        """A snapshot of usage, hits per tier, bytes/s per tier, offload and eviction counts."""
+        """A snapshot of usage, hits per tier, bytes/s per tier, offload and eviction counts.
+        It works after :meth:`close` too, and then gives the final figures."""
         with self._lock:
             c = self._counters.snapshot()
             out: dict[str, Any] = {

@@ -154,7 +154,17 @@ CLOSED_CALLS = {
     "remove": lambda s: s.remove("both"),
     "flush": lambda s: s.flush(),
     "check": lambda s: s.check(),
+    "len": lambda s: len(s),
 }
+
+
+def test_stats_after_close_are_the_final_figures(store):
+    store.get("both")
+    before = store.stats()
+    store.close()
+    after = store.stats()
+    assert after["gets"] == before["gets"]
+    assert (before["nvme"]["objects"], after["nvme"]["objects"]) == (2, 3)  # close() wrote "dram-only" to SSD
 
 
 @pytest.mark.parametrize("call", sorted(CLOSED_CALLS))
