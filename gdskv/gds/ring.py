@@ -105,8 +105,12 @@ class RingFuture(IoFuture):
             self._ring.wait(self, remaining, resolved=seen)
 
     def done(self) -> bool:
+        """Whether :meth:`result` returns (or raises) without waiting; never raises."""
         if self._pending:
-            self._ring.wait(self, 0)
+            try:
+                self._ring.wait(self, 0)
+            except StoreClosedError:  # the ring cannot finish it: result() raises that at once
+                return True
         return self._pending == 0
 
     def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
