@@ -21,10 +21,19 @@ def run_bench(tmp_path, env=None, engines="psync,uring", extra=()):
     return done.stdout
 
 
+def has_ratio(row) -> bool:
+    return any(t.endswith("x") and t[:1].isdigit() for t in row)
+
+
 def table_rows(out: str):
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("engine "))
-    return [line.split() for line in lines[start + 2 :] if line.strip()]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.strip():  # the table ends; every repeat's figures follow
+            break
+        rows.append(line.split())
+    return rows
 
 
 def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
@@ -40,16 +49,22 @@ def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
     assert not list((tmp_path / "bench").iterdir())  # the given --dir is left as it was: empty
     if "fio-" in out:  # with fio, the header says where its buffers live and every row carries a ratio
         assert "# fio buffers: on huge pages" in out or "# fio buffers: on 4 KiB pages" in out
-        assert all(r[-1].endswith("x") or r[-2].endswith("x") or "met" in r or "MISSED" in r for r in rows)
+        assert all(has_ratio(r) for r in rows)
 
 
-def test_fio_on_its_default_buffers_is_said_to_flatter_gdskv(tmp_path):
+def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):
+    """fio on 4 KiB pages is slower than the device here: a target checked against it
+    would flatter gdskv."""
     if not shutil.which("fio"):
         pytest.skip("fio is not installed")
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
     out = run_bench(tmp_path, env, engines="uring", extra=("--backends", "bucket", "--fio-mem", "malloc"))
-    assert "# fio buffers: on 4 KiB pages (--mem=malloc; as asked)" in out
-    assert all(r[-1] in ("met", "MISSED") or r[-1].endswith("x") for r in table_rows(out))
+    assert "# fio buffers: on 4 KiB pages (--mem=malloc; as asked)" in out and "no verdicts" in out
+    rows = table_rows(out)
+    assert all(has_ratio(r) for r in rows)
+    assert not any("met" in r or "MISSED" in r for r in rows)
+    assert any(" ".join(r).endswith("n/a: fio on 4 KiB pages") for r in rows)  # the 4 KiB row has a target
+    assert "# every repeat's figure" in out
 
 
 def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):
