@@ -43,6 +43,7 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -52,7 +53,7 @@ import xxhash
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import TRANSIENT_ERRNOS, ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly
 from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
@@ -117,6 +118,13 @@ class FilePerKeyBackend(StorageBackend):
         #: fsyncs them too, since it may use the new shard and end before the one that made it.
         self._unsynced_dirs: Set[Path] = set()
         self._dirs_lock = threading.Lock()  # guards _unsynced_dirs; no other lock is taken inside it
+        #: Writes run one at a time (the store has one offloader; a backend used directly
+        #: from several threads must not let one write's eviction take another's new file,
+        #: nor two writes of a key share its temporary name). close() waits for it.
+        self._wlock = threading.Lock()
+        #: Directories a remove, an eviction or a dropped replica deleted a file from and
+        #: could not fsync: the next remove() fsyncs them before it returns (lock held).
+        self._pending_dir_syncs: Set[Path] = set()
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         self.counters = {
@@ -304,9 +312,19 @@ class FilePerKeyBackend(StorageBackend):
 
     def write(self, items: Sequence[WriteItem]) -> List[bytes]:
         """Write each item to its own file (temporary name, fdatasync, rename, directory
-        fsync); return keys evicted to make room."""
+        fsync); return keys evicted to make room. Writes run one at a time.
+
+        The renames and the index update happen in one hold of the lock, so the index and
+        the paths never disagree: a read, an eviction, a remove or a check always finds at
+        a key's path the file its index entry describes. The new values are readable from
+        then on, before the directory fsyncs that make them durable end (the write returns
+        after those)."""
         if not items:
             return []
+        with self._wlock:
+            return self._write(items)
+
+    def _write(self, items: Sequence[WriteItem]) -> List[bytes]:
         if len({key for key, _, _ in items}) != len(items):  # one file per key: the last wins
             items = list({key: (key, value, crc) for key, value, crc in items}.values())
         sizes = [record_size(len(key), value.nbytes) for key, value, _ in items]
@@ -363,9 +381,13 @@ class FilePerKeyBackend(StorageBackend):
             _wait_all(syncs)
             if failure is not None:
                 raise failure
-            for tmp, final in zip(tmps, finals):
-                os.replace(tmp, final)
-                renamed += 1
+            with self._lock:
+                try:
+                    for tmp, final in zip(tmps, finals):
+                        os.replace(tmp, final)
+                        renamed += 1
+                finally:  # what was renamed is what its path holds now: the index takes it
+                    self._index(entries[:renamed], fds[:renamed], finals, sizes)
             with self._dirs_lock:
                 made_by_others = set(self._unsynced_dirs)
             self._fsync_dirs({f.parent for f in finals} | changed_dirs | made_by_others)
@@ -379,10 +401,8 @@ class FilePerKeyBackend(StorageBackend):
                 unlink_quietly(tmp)
             with self._lock:
                 self._used -= sum(sizes[renamed:])
-            # The files renamed into place (their data synced) are what their paths hold
-            # now, so the index takes them too, though the write failed: memory and disk
-            # agree, and a retry of the write overwrites them.
-            self._commit(entries[:renamed], fds[:renamed], finals, sizes)
+            # The files renamed into place (their data synced) are indexed, though the write
+            # failed: memory and disk agree, and a retry of the write overwrites them.
             if changed_dirs:  # other writes fsync these until this write has: do it now
                 with contextlib.suppress(OSError):
                     self._fsync_dirs(changed_dirs)
@@ -393,35 +413,27 @@ class FilePerKeyBackend(StorageBackend):
         finally:
             heads.close()
             if not written_ok:
-                for fd in fds[renamed:]:
+                for fd in fds[renamed:]:  # the others belong to the index now
                     os.close(fd)
-        self._commit(entries, fds, finals, sizes)
         return evicted
 
-    def _commit(self, entries: List[IndexEntry], fds: List[int], finals: List[Path], sizes: List[int]) -> None:
-        """Index the files of ``entries`` (item ``i``'s descriptor ``fds[i]``, renamed into
-        place at ``finals[i]``, ``sizes[i]`` bytes already counted in ``_used``) and cache
-        their descriptors. Takes the lock."""
-        with self._lock:
-            for entry, fd, final, size in zip(entries, fds, finals, sizes):
-                if os.fstat(fd).st_nlink == 0:
-                    # A remove() of the key ran after the rename and unlinked the new file
-                    # (it found the old entry): the remove came last, the key stays absent.
-                    self._used -= size
-                    os.close(fd)
-                    continue
-                older = self._objects.get(entry.key)
-                if older is not None:  # the rename replaced its file
-                    self._used -= record_size(len(older.key), older.value_len)
-                    self._policy.remove(entry.key)
-                self._objects[entry.key] = entry
-                self._policy.insert(entry.key)
-                if self._closed:
-                    os.close(fd)
-                else:  # after its rename the descriptor is the record's file: reads use it
-                    self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
-            self.counters["files_written"] += len(entries)
-            self.counters["bytes_written"] += sum(sizes[: len(entries)])
+    def _index(self, entries: List[IndexEntry], fds: List[int], finals: List[Path], sizes: List[int]) -> None:
+        """Index the files of ``entries`` (item ``i``'s descriptor ``fds[i]``, just renamed
+        into place at ``finals[i]``, ``sizes[i]`` bytes already counted in ``_used``) and
+        cache their descriptors. Lock held, since before the renames."""
+        for entry, fd, final in zip(entries, fds, finals):
+            older = self._objects.get(entry.key)
+            if older is not None:  # the rename replaced its file
+                self._used -= record_size(len(older.key), older.value_len)
+                self._policy.remove(entry.key)
+            self._objects[entry.key] = entry
+            self._policy.insert(entry.key)
+            if self._closed:
+                os.close(fd)
+            else:  # after its rename the descriptor is the record's file: reads use it
+                self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
+        self.counters["files_written"] += len(entries)
+        self.counters["bytes_written"] += sum(sizes[: len(entries)])
 
     def _create_file(self, path: Path, changed_dirs: Set[Path]) -> int:
         """Create (or truncate) the temporary file ``path`` and return its descriptor. The
@@ -494,12 +506,17 @@ class FilePerKeyBackend(StorageBackend):
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
             path = self._drop_entry(key)
             victim_dirs.add(path.parent)
-            if not in_use and reused < len(reuse_as) and self._move_file(path, reuse_as[reused], changed_dirs):
+            if not in_use and reused < len(reuse_as) and _only_name(path) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
             else:
                 unlink_quietly(path)
         self.counters["objects_evicted"] += len(evicted)
-        concurrent.futures.wait([self._syncer.submit(_fsync_dir_quietly, d) for d in victim_dirs])
+        syncs = {d: self._syncer.submit(self._fsync_dir, d) for d in victim_dirs}
+        concurrent.futures.wait(list(syncs.values()))
+        for directory, sync in syncs.items():
+            if sync.exception() is not None:  # the next remove() fsyncs it (or fails)
+                log.warning("gdskv: could not fsync %s after an eviction: %s", directory, sync.exception())
+                self._pending_dir_syncs.add(directory)
         return evicted, reused
 
     def _move_file(self, path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
@@ -527,9 +544,13 @@ class FilePerKeyBackend(StorageBackend):
         return self.path_of(key)
 
     def _unlink(self, key: bytes) -> Path:
-        """Forget ``key`` and delete its file. Lock held. Returns the file's directory."""
-        path = self._drop_entry(key)
-        unlink_quietly(path)
+        """Delete the file of ``key``, then forget it. Lock held. Returns the file's
+        directory. Raises OSError, the key kept, when the file cannot be deleted (a file
+        already gone is fine)."""
+        path = self.path_of(key)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._drop_entry(key)
         return path.parent
 
     # ------------------------------------------------------------------ reads
@@ -619,44 +640,58 @@ class FilePerKeyBackend(StorageBackend):
         return call(*args)
 
     def _drop_read(self, pin: Handle, entry: IndexEntry, why: str) -> None:
-        path = self.path_of(entry.key)
-        seq = _header_seq(path)
-        if seq is not None and seq != entry.seq:
-            # A write renamed a newer file into place and has not updated the index yet: the
-            # read opened that file and checked it against the old entry. The new file is
-            # not corrupt (the write lists it next); the read is only a miss.
-            log.info("gdskv: %s was replaced while it was read; not dropping it", path)
-            return
-        log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], path, why)
-        self._forget(entry)
+        """The read of ``entry`` (planned under the lock, so through its own file) failed
+        for ``why``: drop it, unless a write replaced it meanwhile. Lock held."""
+        if self._objects.get(entry.key) is entry:
+            log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], self.path_of(entry.key), why)
+            self._forget(entry)
 
     def _forget(self, entry: IndexEntry) -> None:
-        """Drop a replica that failed (its file too). Lock held."""
-        if self._objects.get(entry.key) is entry:
-            _fsync_dir_quietly(self._unlink(entry.key))
+        """Drop the replica ``entry``, still the key's current one, and its file. Lock held.
+        Since a write renames and indexes in one hold of the lock, the key's path holds the
+        file of ``entry``. One that cannot be deleted stays, entry and all (logged)."""
+        try:
+            parent = self._unlink(entry.key)
+        except OSError as exc:
+            log.warning("gdskv: could not delete %s: %s", self.path_of(entry.key), exc)
+            return
+        self._pending_dir_syncs.add(parent)  # fsynced by the next remove() at the latest
+        _fsync_dir_quietly(parent)
 
     # ------------------------------------------------------------------ the rest
 
     def remove(self, key: bytes) -> bool:
+        """Delete the file of ``key`` and fsync its directory; returns whether it was there.
+
+        A file that cannot be deleted raises IoError and the key stays. Directories whose
+        fsync failed before (here, or after an eviction or a dropped replica) are fsynced
+        first, so that a removal, or an eviction a later remove() relies on, is durable once
+        remove() returns."""
         with self._lock:
             self._check_open()
-            if key not in self._objects:
-                return False
-            parent = self._unlink(key)
-        try:
-            self._fsync_dir(parent)
-        except OSError as exc:
-            raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(parent), errno=exc.errno) from exc
-        return True
+            found = key in self._objects
+            if found:
+                try:
+                    self._pending_dir_syncs.add(self._unlink(key))
+                except OSError as exc:
+                    raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
+            pending = set(self._pending_dir_syncs)
+        if pending:
+            try:
+                self._fsync_dirs(pending)
+            except OSError as exc:
+                raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+            with self._lock:
+                self._pending_dir_syncs -= pending
+        return found
 
     def check(self) -> List[bytes]:
         """Verify every file (header, name, value checksum); drop and return corrupt keys.
 
-        The files are read outside the lock, so a write may rename a newer file into place
-        meanwhile (it updates the index only after its directory fsyncs). Before a failed
-        entry is dropped, under the lock, it must still be current and its path must still
-        hold a file of its sequence number (or none that can be read): otherwise the path
-        holds the new, acknowledged file, which is neither corrupt nor dropped."""
+        The files are read outside the lock, so a write may replace one meanwhile; a failed
+        entry is dropped only if it is still current (then its path holds its file: a write
+        renames and indexes in one hold of the lock). A file that cannot be read for now
+        (:data:`TRANSIENT_ERRNOS`: out of descriptors, ...) is not judged."""
         with self._lock:
             snapshot = list(self._objects.values())
         failed = []
@@ -669,11 +704,6 @@ class FilePerKeyBackend(StorageBackend):
             for entry, why in failed:
                 if self._objects.get(entry.key) is not entry:
                     continue  # removed, overwritten or evicted meanwhile: not corrupt
-                path = self.path_of(entry.key)
-                seq = _header_seq(path)
-                if seq is not None and seq != entry.seq:
-                    log.info("gdskv: %s was replaced while check() read it; not dropping it", path)
-                    continue
                 log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
                 self._forget(entry)
                 corrupt.append(entry.key)
@@ -685,14 +715,20 @@ class FilePerKeyBackend(StorageBackend):
         None when it does. Reads the file without the lock."""
         path = self.path_of(entry.key)
         try:
-            with open(path, "rb") as f:
+            fd = self._with_descriptors(os.open, path, os.O_RDONLY, lock_held=False)
+            with os.fdopen(fd, "rb") as f:
                 header = decode_head(f.read(RECORD_HEADER.size), path=str(path))
                 key = f.read(header.key_len)
                 f.seek(entry.value_offset)
                 value = f.read(entry.value_len)
             if (key, header.seq) != (entry.key, entry.seq) or checksum(key, value) != entry.crc:
                 raise CorruptionError("record does not match the index", path=str(path))
-        except (CorruptionError, OSError) as exc:
+        except CorruptionError as exc:
+            return str(exc)
+        except OSError as exc:
+            if exc.errno in TRANSIENT_ERRNOS:
+                log.warning("gdskv: check() could not read %s for now: %s", path, exc)
+                return None
             return str(exc)
         return None
 
@@ -711,20 +747,10 @@ class FilePerKeyBackend(StorageBackend):
     def close(self) -> None:
         """Refuse new work and close the cached descriptors (one a read is using closes
         when that read ends)."""
-        with self._lock:
+        with self._wlock, self._lock:  # after the write in progress, if any
             self._closed = True
             self._open.clear()
         self._syncer.shutdown(wait=True)
-
-
-def _header_seq(path: Path) -> Optional[int]:
-    """The sequence number in the header of the record file at ``path``, or None when it
-    cannot be read or decoded."""
-    try:
-        with open(path, "rb") as f:
-            return decode_head(f.read(RECORD_HEADER.size), path=str(path)).seq
-    except (OSError, GdskvError):
-        return None
 
 
 def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
@@ -732,6 +758,17 @@ def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
     concurrent.futures.wait(futures)
     for future in futures:
         future.result()
+
+
+def _only_name(path: Path) -> bool:
+    """Whether ``path`` is a regular file that no other name links to: only such a victim's
+    file may be overwritten in place for a new object (a hard-linked copy of the store, or
+    a record that is a symlink to a file elsewhere, must not take another key's bytes)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
 
 
 def _fsync_dir_quietly(path: Path) -> None:

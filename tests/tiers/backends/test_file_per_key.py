@@ -39,7 +39,7 @@ def open_backend(root, direct_psync, **kw) -> FilePerKeyBackend:
 @contextlib.contextmanager
 def overwrite_held_after_its_rename(backend, monkeypatch, key: bytes, value: bytes):
     """Run the body while a write of ``key`` on another thread is held just after it renamed
-    its file into place and before it updates the index (at its directory fsyncs)."""
+    its file into place and indexed it, at its directory fsyncs."""
     import threading
 
     import gdskv.tiers.backends.file_per_key as fpk
@@ -436,47 +436,32 @@ def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync,
     backend.close()
 
 
-def test_a_write_into_a_shard_another_write_made_again_syncs_its_parents(tmp_path, direct_psync, monkeypatch):
-    """A shard directory removed behind the store's back: the write that makes it again
-    is still fsyncing ``files/`` when a second write into that shard ends. The second
-    write syncs ``files/`` too, or its acknowledged file could hang off an entry a power
-    loss drops."""
-    import shutil
+def test_writes_run_one_at_a_time(tmp_path, direct_psync, monkeypatch):
+    """A write held at its directory fsyncs (after its renames) keeps a second write waiting:
+    an eviction of one could otherwise take the other's new file, and two writes of a key
+    would share its temporary name. Reads go on meanwhile and see the first write's value."""
     import threading
 
     import gdskv.tiers.backends.file_per_key as fpk
+    from gates import Gate
 
     backend = open_backend(tmp_path, direct_psync)
-    root = tmp_path / "files"
-    first = b"first"
-    name = file_name(first)
-    second = next(k for k in (b"k%d" % i for i in range(100_000)) if file_name(k)[:2] == name[:2])
-    shutil.rmtree(root / name[0])
-    real = fpk.fsync_dir
-    reached, release = threading.Event(), threading.Event()
-    synced_by = {}
-
-    def gated(path):
-        me = threading.current_thread().name
-        synced_by.setdefault(me, []).append(str(path))
-        if str(path) == str(root) and not reached.is_set():  # the first write's, held
-            reached.set()
-            release.wait(10)
-        return real(path)
-
-    monkeypatch.setattr(fpk, "fsync_dir", gated)
-    writer = threading.Thread(target=lambda: backend.write(items({first: block(1, 5000)})))
-    writer.start()
+    gate = Gate(fpk.fsync_dir)
+    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    first = threading.Thread(target=lambda: backend.write(items({b"k": block(1, 5000)})))
+    first.start()
+    gate.wait_reached()
+    second = threading.Thread(target=lambda: backend.write(items({b"k": block(2, 5000), b"other": block(3, 100)})))
+    second.start()
     try:
-        assert reached.wait(10)
-        before = {k: list(v) for k, v in synced_by.items()}
-        backend.write(items({second: block(2, 5000)}))
-        during = [p for k, v in synced_by.items() for p in v[len(before.get(k, [])):]]
-        assert str(root) in during and str(root / name[0]) in during
+        second.join(0.3)
+        assert second.is_alive() and b"other" not in backend.keys()
+        assert read(backend, b"k", 5000) == block(1, 5000)  # indexed with its rename
     finally:
-        release.set()
-        writer.join(10)
-    assert read(backend, first, 5000) == block(1, 5000) and read(backend, second, 5000) == block(2, 5000)
+        gate.open()
+        first.join(10)
+        second.join(10)
+    assert read(backend, b"k", 5000) == block(2, 5000) and read(backend, b"other", 100) == block(3, 100)
     backend.close()
 
 
@@ -515,18 +500,17 @@ def test_a_failed_write_that_made_a_shard_again_still_syncs_its_parents(tmp_path
 
 
 @pytest.mark.parametrize("open_files", [0, None], ids=["uncached", "cached"])
-def test_a_read_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch, open_files):
-    """An overwrite renames its file into place before it updates the index. A read in that
-    window that opens the path checks the new file against the old entry and fails: a miss,
-    but the new file must stay (it is the value the write is about to acknowledge). A read
-    through the cached descriptor of the old file still gets the old value."""
+def test_a_read_during_an_overwrite_gets_the_new_value_and_drops_nothing(tmp_path, direct_psync, monkeypatch, open_files):
+    """An overwrite renames its file into place and indexes it in one hold of the lock, so
+    a read never checks the new file against the old entry (before, that was a miss, and
+    with the header unreadable the new file was deleted). During its directory fsyncs a
+    read gets the new value, through the path or the new file's cached descriptor."""
     backend = open_backend(tmp_path, direct_psync, open_files=open_files)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old}))
     with overwrite_held_after_its_rename(backend, monkeypatch, b"k", new):
-        # Uncached: the new bytes fail the old entry's CRC. Cached: the old file's descriptor.
-        assert read(backend, b"k", len(new)) == (None if open_files == 0 else old)
-    assert read(backend, b"k", len(new)) == new
+        assert read(backend, b"k", len(new)) == new
+    assert read(backend, b"k", len(new)) == new and backend.counters["corrupt_reads"] == 0
     backend.close()
 
 
@@ -648,6 +632,30 @@ def test_a_backend_out_of_descriptors_closes_its_cached_ones(tmp_path, direct_ps
     backend.close()
 
 
+@pytest.mark.parametrize("other_name", ["hard link", "symlink"])
+def test_a_victims_file_with_another_name_is_not_reused(tmp_path, direct_psync, other_name):
+    """A record file that is also a hard link elsewhere (a ``cp -al`` snapshot of the store)
+    or a symlink to a file elsewhere keeps its bytes: the eviction unlinks the name instead
+    of overwriting the file with another key's record."""
+    from gdskv.tiers.backends.record import record_size
+
+    size = 100_000
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend.write(items({b"k0": block(0, size)}))
+    path = backend.path_of(b"k0")
+    elsewhere = tmp_path / "elsewhere"
+    if other_name == "hard link":
+        os.link(path, elsewhere)
+    else:
+        os.replace(path, elsewhere)
+        os.symlink(elsewhere, path)
+    before = elsewhere.read_bytes()
+    assert backend.write(items({b"k1": block(1, size)})) == [b"k0"]
+    assert backend.stats()["files_reused"] == 0 and elsewhere.read_bytes() == before
+    assert read(backend, b"k1", size) == block(1, size)
+    backend.close()
+
+
 def test_a_write_that_evicts_writes_into_the_evicted_files(tmp_path, direct_psync):
     """A full tier's steady state: each victim's file becomes a new object's file,
     overwritten in place and cut or grown to its record's size; nothing of the old object
@@ -658,14 +666,13 @@ def test_a_write_that_evicts_writes_into_the_evicted_files(tmp_path, direct_psyn
     backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, big))
     backend.write(items({b"k0": block(0, big)}))
     backend.write(items({b"k1": block(1, big)}))
-    os.link(backend.path_of(b"k0"), tmp_path / "k0-file")  # second names for the victims' files
-    os.link(backend.path_of(b"k1"), tmp_path / "k1-file")
+    inodes = {key: os.stat(backend.path_of(key)).st_ino for key in (b"k0", b"k1")}
     values = {b"k2": block(2, small), b"k3": block(3, big + 70_000)}
     assert backend.write(items(values)) == [b"k0", b"k1"]
     assert backend.stats()["files_reused"] == 2
-    for key, victim in ((b"k2", "k0-file"), (b"k3", "k1-file")):
+    for key, victim in ((b"k2", b"k0"), (b"k3", b"k1")):
         data = backend.path_of(key).read_bytes()
-        assert (tmp_path / victim).read_bytes() == data  # the same file (inode), rewritten
+        assert os.stat(backend.path_of(key)).st_ino == inodes[victim]  # the same file, rewritten
         assert len(data) == record_size(len(key), len(values[key]))  # cut (k2) or grown (k3)
         assert data[4096 : 4096 + len(values[key])] == values[key]
         assert data[4096 + len(values[key]) :] == bytes(len(data) - 4096 - len(values[key]))
@@ -841,4 +848,99 @@ def test_a_write_that_fails_after_its_renames_indexes_what_they_put_in_place(tmp
     backend.close()
     again = open_backend(tmp_path, direct_psync)
     assert sorted(again.keys()) == [b"k", b"n"] and read(again, b"k", len(new)) == new
+    again.close()
+
+
+def test_a_remove_whose_file_cannot_be_deleted_keeps_the_key(tmp_path, direct_psync, monkeypatch):
+    """unlink fails (EPERM: an immutable directory, say): remove() raises IoError and the
+    key stays, readable; before, it was forgotten and came back at the next open."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"k": block(1, 5000)}))
+    path = str(backend.path_of(b"k"))
+    real_unlink = os.unlink
+
+    def refusing(target, *args, **kwargs):
+        if str(target) == path:
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_unlink(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refusing)
+    with pytest.raises(IoError) as info:
+        backend.remove(b"k")
+    assert info.value.context["errno"] == errno.EPERM
+    assert read(backend, b"k", 5000) == block(1, 5000)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert backend.remove(b"k") and not backend.remove(b"k")
+    backend.close()
+    again = open_backend(tmp_path, direct_psync)
+    assert again.keys() == []
+    again.close()
+
+
+def test_check_out_of_descriptors_judges_nothing(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync, open_files=0)
+    values = {f"k{i}".encode(): block(i, 3000) for i in range(6)}
+    backend.write(items(values))
+    with out_of_descriptors():
+        assert backend.check() == []
+    assert sorted(backend.keys()) == sorted(values) and all(backend.path_of(k).exists() for k in values)
+    backend.close()
+
+
+def test_an_eviction_whose_directory_fsync_fails_is_made_durable_by_the_next_remove(tmp_path, direct_psync, monkeypatch):
+    """The victim is gone from the index at once; its directory's fsync failed, so the next
+    remove() (of the victim, say, which finds it absent) fsyncs it before it returns, or
+    raises while it cannot."""
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gdskv.tiers.backends.record import record_size
+
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend.write(items({b"k0": block(0, size)}))
+    victim_dir = str(backend.path_of(b"k0").parent)
+    real = fpk.fsync_dir
+    failing = [True]
+    synced = []
+
+    def fsync_dir(path):
+        synced.append(str(path))
+        if str(path) == victim_dir and failing[0]:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
+    assert backend.write(items({b"k1": block(1, size)})) == [b"k0"]
+    with pytest.raises(IoError):
+        backend.remove(b"k0")
+    failing[0] = False
+    synced.clear()
+    assert not backend.remove(b"k0") and victim_dir in synced
+    synced.clear()
+    assert not backend.remove(b"k0") and synced == []  # done: nothing pending any more
+    backend.close()
+
+
+def test_close_waits_for_the_write_in_progress(tmp_path, direct_psync, monkeypatch):
+    """close() during a write: before, the write found its sync threads shut down, closed
+    descriptors with writes in flight and left its reservation and temporary files."""
+    import threading
+
+    from gates import Gate
+
+    backend = open_backend(tmp_path, direct_psync)
+    gate = Gate(os.fdatasync)  # the first file's sync: the others are still to be handed out
+    monkeypatch.setattr(os, "fdatasync", gate)
+    writer = threading.Thread(target=lambda: backend.write(items({f"k{i}".encode(): block(i, 5000) for i in range(8)})))
+    writer.start()
+    gate.wait_reached()
+    closer = threading.Thread(target=backend.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()
+    gate.open()
+    writer.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and not list((tmp_path / "files").glob("*/*/*.tmp"))
+    again = open_backend(tmp_path, direct_psync)
+    assert len(again.keys()) == 8
     again.close()
