@@ -583,7 +583,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("# every repeat's figure (MiB/s; 4 KiB: IOPS), in the order of the repeats")
     for key, values in samples.items():
         small = key[-1] == 4096
-        print(f"#   {' '.join(str(k) for k in key[:-1]):<28} {format_size(key[-1]):>9}: "
+        print(f"#   {' '.join(str(k) for k in key[:-1]):<30} {format_size(key[-1]):>9}: "
               + ", ".join(f"{v:.0f}" if small else f"{v / MiB:.0f}" for v in values))
     if not args.dir:
         shutil.rmtree(base, ignore_errors=True)

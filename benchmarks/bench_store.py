@@ -4,14 +4,14 @@
 Measures put and get throughput of :class:`gdskv.Store` per tier and prints each figure
 beside the limit of this machine measured in the same run, as a ratio:
 
-==========================  =====================================================
+==========================  ==================================================================
 gdskv figure                machine limit it is compared with
-==========================  =====================================================
+==========================  ==================================================================
 DRAM put                    numpy copy of the same blocks into resident memory
 DRAM hit (``get_into``)     numpy copy of the same blocks into one reused buffer
-NVMe write (offload)        plain sequential write + fsync of the same bytes
-NVMe cold read              plain sequential read of the same bytes, cache dropped
-==========================  =====================================================
+NVMe write (offload)        sequential write + fsync of the same bytes (buffered or O_DIRECT)
+NVMe cold read              sequential read of the same bytes (cache dropped, or O_DIRECT)
+==========================  ==================================================================
 
 - *DRAM put*: ``put`` of every block into a DRAM-only store (``ssd=0``) whose arena was
   faulted in by a first pass; that first pass is shown too, beside a numpy copy into fresh
@@ -21,15 +21,18 @@ NVMe cold read              plain sequential read of the same bytes, cache dropp
   offload, DRAM tier 1/8 of the data, so puts wait for the offloader once DRAM is full)
   until ``flush()`` returns, i.e. until every bucket and its index are written, fsynced and
   renamed. The limit is the fastest of three plain sequential writes of the same bytes from
-  the same buffers: an fsync every 64 MiB (the bucket size); one fsync per chunk; and
-  write-back started after every block (``sync_file_range``, as the store's engine does)
-  with an fsync every 64 MiB.
+  the same buffers: an fsync every 64 MiB (the bucket size); one fsync per chunk;
+  write-back started after every block (``sync_file_range``) with an fsync every 64 MiB;
+  and O_DIRECT writes of up to 64 MiB per ``pwritev`` with an fsync every 64 MiB (the
+  store writes with O_DIRECT too; on a fast disk the buffered writes are far slower than
+  the device, and a limit taken from them alone would flatter the store).
 - *NVMe cold read*: the store is closed and reopened with a small DRAM tier, the page cache
   is dropped (``drop_caches`` when permitted, else ``posix_fadvise(DONTNEED)`` on every file
   after fsync; the banner says which); then ``get_into`` of every block, one at a time, and
   after another drop ``batch_get_into`` in batches (one engine submission each). The store
   verifies every value's CRC32C before returning it; that is part of the figure. The limit
-  is a sequential read (block-sized ``preadv``) of a plain file holding the same bytes.
+  is the faster of two sequential reads (block-sized ``preadv``, one at a time) of a plain
+  file holding the same bytes: buffered, and O_DIRECT.
 
 Other processes change the speed of a shared machine from one second to the next, so every
 figure is measured *interleaved*: gdskv and its limit take turns on chunks of the blocks
@@ -49,6 +52,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import platform
 import shutil
@@ -63,6 +67,7 @@ import numpy as np
 
 import gdskv
 from gdskv import format_size, parse_size
+from gdskv.gds.aligned import alloc_aligned
 from gdskv.gds.psync import start_writeback
 from gdskv.tiers.dram import alloc_arena
 
@@ -95,7 +100,11 @@ class Blocks:
         self.count = count
         self.size = size
         rng = np.random.default_rng(seed)
-        self.pool = rng.integers(0, 256, (min(POOL, count), size), dtype=np.uint8)
+        rows = min(POOL, count)
+        # Page-aligned, so that the O_DIRECT peer of the NVMe write can write it as it is.
+        self._memory = alloc_aligned(rows * size)
+        self.pool = np.frombuffer(self._memory.view, dtype=np.uint8)[: rows * size].reshape(rows, size)
+        self.pool[:] = rng.integers(0, 256, (rows, size), dtype=np.uint8)
         self._stamps = self.pool[:, :8].view(np.uint64)
 
     def key(self, i: int) -> str:
@@ -297,6 +306,16 @@ def dram_passes(blocks: Blocks, res: Results, repeats: int, root: Path, chunks: 
     return bad
 
 
+def open_direct(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> Optional[int]:
+    """``path`` opened with ``flags`` and O_DIRECT, or None where the filesystem refuses it."""
+    try:
+        return os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+
+
 def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
     view = memoryview(buf)
     while view:
@@ -315,6 +334,7 @@ class NvmePass:
         self.raw = root / "raw.bin"
         self.raw2 = root / "raw2.bin"
         self.raw3 = root / "raw3.bin"
+        self.raw4 = root / "raw4.bin"
         self.path = root / "store"
         self.dropper = dropper
         self.args = args
@@ -338,6 +358,7 @@ class NvmePass:
         plain file for the reads."""
         n, size = self.blocks.count, self.blocks.size
         fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for p in (self.raw, self.raw2, self.raw3)]
+        direct_fd = open_direct(self.raw4) if size % 4096 == 0 else None
         store = self.fresh_store()
         try:
 
@@ -364,19 +385,36 @@ class NvmePass:
                     if ((i + 1) * size) % BUCKET_BYTES < size or i == chunk.stop - 1:
                         os.fsync(fds[2])
 
+            def raw_direct(chunk: range) -> None:
+                # O_DIRECT, up to 64 MiB per pwritev (the kernel splits it into requests that
+                # the device runs side by side), an fsync every 64 MiB.
+                per_call = max(1, min(len(self.blocks.pool), BUCKET_BYTES // size))
+                for first in range(chunk.start, chunk.stop, per_call):
+                    group = range(first, min(chunk.stop, first + per_call))
+                    views = [memoryview(self.blocks.view(i)) for i in group]
+                    if os.pwritev(direct_fd, views, first * size) != len(group) * size:
+                        raise SystemExit(f"short O_DIRECT write of {self.raw4}")
+                    os.fsync(direct_fd)
+
+            peers = {"raw_write_fsync_64MiB": raw_fsync_per_bucket, "raw_write_fsync_chunk": raw_fsync_per_chunk,
+                     "raw_write_writeback": raw_writeback}
+            if direct_fd is not None:
+                peers["raw_write_direct"] = raw_direct
             chunks = chunked(n, size, WRITE_CHUNK_BYTES)
-            stored, *plain = interleaved(chunks, put, raw_fsync_per_bucket, raw_fsync_per_chunk, raw_writeback)
+            stored, *plain = interleaved(chunks, put, *peers.values())
             res.add("nvme_write", stored)
-            for name, seconds in zip(("raw_write_fsync_64MiB", "raw_write_fsync_chunk", "raw_write_writeback"), plain):
+            for name, seconds in zip(peers, plain):
                 res.add(name, seconds)
             res.add("raw_write", min(plain))
             self.write_stats = store.stats()
         finally:
-            for fd in fds:
+            for fd in fds + ([direct_fd] if direct_fd is not None else []):
                 os.close(fd)
             store.close()
         os.unlink(self.raw2)
         os.unlink(self.raw3)
+        if self.raw4.exists():
+            os.unlink(self.raw4)
 
     def run(self, res: Results, verify: bool) -> Tuple[List[int], dict]:
         n, size = self.blocks.count, self.blocks.size
@@ -387,15 +425,28 @@ class NvmePass:
         bad: List[int] = []
         store = gdskv.open(self.path, dram=max(4 * size, 16 << 20), **self.options)
         fd = os.open(self.raw, os.O_RDONLY)
+        direct_fd = open_direct(self.raw, os.O_RDONLY) if size % 4096 == 0 else None
+        aligned = alloc_aligned(size)
         try:
             if store.recovery.objects != n:
                 raise SystemExit(f"reopen found {store.recovery.objects} objects, expected {n}")
             raw_view = memoryview(out)
+            direct_view = aligned.view[:size]
 
             def raw_read(chunk: range) -> None:
                 for i in chunk:
                     if os.preadv(fd, [raw_view], i * size) != size:
                         raise SystemExit(f"short read of {self.raw}")
+
+            def raw_read_direct(chunk: range) -> None:
+                for i in chunk:
+                    if os.preadv(direct_fd, [direct_view], i * size) != size:
+                        raise SystemExit(f"short O_DIRECT read of {self.raw}")
+
+            # The limit is the faster of a buffered and an O_DIRECT read of the same blocks,
+            # one at a time (the store reads with O_DIRECT; on a fast disk a buffered read
+            # alone may be below what the device does).
+            raw_reads = [raw_read] + ([raw_read_direct] if direct_fd is not None else [])
 
             def get(chunk: range) -> None:
                 get_into = store.get_into
@@ -412,12 +463,14 @@ class NvmePass:
 
             files = files_under(self.path) + [self.raw]
             self.dropper.drop(files)
-            raw_s, store_s = interleaved(chunks, raw_read, get)
-            res.add("raw_read", raw_s)
+            *raw_s, store_s = interleaved(chunks, *raw_reads, get)
+            for name, seconds in zip(("raw_read_buffered", "raw_read_direct"), raw_s):
+                res.add(name, seconds)
+            res.add("raw_read", min(raw_s))
             res.add("nvme_read", store_s)
             self.dropper.drop(files)
-            raw_s, store_s = interleaved(chunks, raw_read, batch_get)
-            res.add("raw_read_2", raw_s)
+            *raw_s, store_s = interleaved(chunks, *raw_reads, batch_get)
+            res.add("raw_read_2", min(raw_s))
             res.add("nvme_read_batch", store_s)
             if verify:
                 for i in range(n):
@@ -428,6 +481,9 @@ class NvmePass:
                 raise SystemExit("a cold read was served from DRAM; its tier must be too small to hold the data")
         finally:
             os.close(fd)
+            if direct_fd is not None:
+                os.close(direct_fd)
+            aligned.close()
             store.close()
         shutil.rmtree(self.path)
         os.unlink(self.raw)
@@ -470,9 +526,9 @@ ROWS = [
     ("dram_put", "DRAM put", "memcpy_put", "numpy copy into resident memory", None),
     ("dram_put_first", "DRAM put, first touch", "memcpy_put_first", "numpy copy into fresh memory", None),
     ("dram_get", "DRAM hit get_into", "memcpy_get", "numpy copy into one buffer", "dram_get"),
-    ("nvme_write", "NVMe write (puts -> flush done)", "raw_write", "sequential write + fsync, best of 3", "nvme_write"),
-    ("nvme_read", "NVMe cold read get_into", "raw_read", "cold sequential read", "nvme_read"),
-    ("nvme_read_batch", "NVMe cold read batch_get_into", "raw_read_2", "cold sequential read", None),
+    ("nvme_write", "NVMe write (puts -> flush done)", "raw_write", "sequential write + fsync, best of 4", "nvme_write"),
+    ("nvme_read", "NVMe cold read get_into", "raw_read", "cold sequential read, best of 2", "nvme_read"),
+    ("nvme_read_batch", "NVMe cold read batch_get_into", "raw_read_2", "cold sequential read, best of 2", None),
 ]
 
 
