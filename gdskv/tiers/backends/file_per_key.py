@@ -481,7 +481,7 @@ class FilePerKeyBackend(StorageBackend):
         here), to be overwritten in place (see :func:`fit_reused_file`); the others are
         unlinked. A crash leaves a reused file under a temporary name, which recovery
         deletes: the victim is gone either way. The victims' directories are fsynced (side
-        by side) before the lock is released: a ``remove()`` that then finds a victim absent
+        by side; one whose fsync fails by the next ``remove()``) before the lock is released: a ``remove()`` that then finds a victim absent
         returns at once, the victim must not come back after a crash, and a reused file must
         not take new bytes while its victim's name may still name it. Directories that
         gained a shard directory made here are added to ``changed_dirs``, which the write
@@ -511,10 +511,12 @@ class FilePerKeyBackend(StorageBackend):
             else:
                 unlink_quietly(path)
         self.counters["objects_evicted"] += len(evicted)
-        syncs = {d: self._syncer.submit(self._fsync_dir, d) for d in victim_dirs}
+        # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
+        # EMFILE (that takes the lock); one that fails is left to the next remove().
+        syncs = {d: self._syncer.submit(fsync_dir, d) for d in victim_dirs}
         concurrent.futures.wait(list(syncs.values()))
         for directory, sync in syncs.items():
-            if sync.exception() is not None:  # the next remove() fsyncs it (or fails)
+            if sync.exception() is not None:
                 log.warning("gdskv: could not fsync %s after an eviction: %s", directory, sync.exception())
                 self._pending_dir_syncs.add(directory)
         return evicted, reused
@@ -655,8 +657,10 @@ class FilePerKeyBackend(StorageBackend):
         except OSError as exc:
             log.warning("gdskv: could not delete %s: %s", self.path_of(entry.key), exc)
             return
-        self._pending_dir_syncs.add(parent)  # fsynced by the next remove() at the latest
-        _fsync_dir_quietly(parent)
+        try:
+            fsync_dir(parent)
+        except OSError:
+            self._pending_dir_syncs.add(parent)  # fsynced by the next remove()
 
     # ------------------------------------------------------------------ the rest
 
