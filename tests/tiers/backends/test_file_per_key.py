@@ -59,6 +59,18 @@ def overwrite_held_after_its_rename(backend, monkeypatch, key: bytes, value: byt
     monkeypatch.setattr(fpk, "fsync_dir", real)
 
 
+def failing_for(path, real, code: int):
+    """``real`` (a call whose first argument is a path), failing with errno ``code`` for
+    ``path`` only."""
+
+    def call(target, *args, **kwargs):
+        if str(target) == str(path):
+            raise OSError(code, os.strerror(code), str(path))
+        return real(target, *args, **kwargs)
+
+    return call
+
+
 @contextlib.contextmanager
 def out_of_descriptors():
     """Run the body with this process at its descriptor limit: every open fails with EMFILE
@@ -157,14 +169,7 @@ def test_a_record_file_that_cannot_be_read_at_open_fails_the_open_and_is_kept(tm
     backend.write(items(values))
     backend.close()
     failing = str(backend.path_of(b"k3"))
-    real_open = builtins.open
-
-    def eio_open(path, *args, **kwargs):
-        if str(path) == failing:
-            raise OSError(errno.EIO, "Input/output error", failing)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(fpk, "open", eio_open, raising=False)
+    monkeypatch.setattr(fpk, "open", failing_for(failing, builtins.open, errno.EIO), raising=False)
     with pytest.raises(IoError) as info:
         open_backend(tmp_path, direct_psync)
     assert info.value.context["path"] == failing and info.value.context["errno"] == errno.EIO
@@ -856,15 +861,8 @@ def test_a_remove_whose_file_cannot_be_deleted_keeps_the_key(tmp_path, direct_ps
     key stays, readable; before, it was forgotten and came back at the next open."""
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"k": block(1, 5000)}))
-    path = str(backend.path_of(b"k"))
     real_unlink = os.unlink
-
-    def refusing(target, *args, **kwargs):
-        if str(target) == path:
-            raise PermissionError(errno.EPERM, "Operation not permitted", path)
-        return real_unlink(target, *args, **kwargs)
-
-    monkeypatch.setattr(os, "unlink", refusing)
+    monkeypatch.setattr(os, "unlink", failing_for(backend.path_of(b"k"), real_unlink, errno.EPERM))
     with pytest.raises(IoError) as info:
         backend.remove(b"k")
     assert info.value.context["errno"] == errno.EPERM
