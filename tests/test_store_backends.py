@@ -229,3 +229,39 @@ def test_unknown_backend_and_engine_names_list_the_valid_ones(make_store):
     with pytest.raises(gdskv.ConfigError) as info:
         make_store(io_engine="spdk")
     assert "auto" in str(info.value) and "uring" in str(info.value) and "psync" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["bucket", "offset", "file_per_key"])
+def test_a_write_failing_with_any_exception_gives_back_what_it_reserved(tmp_path, name):
+    """A MemoryError (or a bug) in a backend write: its reservation and temporary files go,
+    as for an I/O error. The offloader retries such a batch; before, every retry kept its
+    bytes reserved, until the tier looked full of writes in flight."""
+    from backend_io import items
+
+    from gdskv.gds import make_engine
+    from gdskv.tiers.backends import make_backend
+    from gdskv.tiers.backends.record import record_size
+
+    engine = make_engine("psync", direct=True)
+    backend = make_backend(name, tmp_path, engine, capacity=16 << 20)
+    backend.recover()
+    real_run, real_submit = engine.run, engine.submit
+    raised = []
+
+    def failing(requests):
+        if not raised and any(r.op.value == "write" for r in requests):
+            raised.append(True)
+            raise MemoryError("injected")
+        return real_submit(requests)
+
+    engine.submit = failing
+    engine.run = lambda requests: failing(requests).result()
+    value = {b"key": block(1, 10_000)}
+    with pytest.raises(MemoryError):
+        backend.write(items(value))
+    assert raised and backend.used_bytes == 0 and not list(tmp_path.rglob("*.tmp"))
+    engine.run, engine.submit = real_run, real_submit
+    backend.write(items(value))
+    assert backend.used_bytes == record_size(3, 10_000)
+    backend.close()
+    engine.close()

@@ -113,6 +113,9 @@ class BucketBackend(StorageBackend):
         #: Buckets whose index on disk still lists a key a newer bucket holds (its rewrite
         #: failed); see :meth:`_supersede`.
         self._stale_indexes: Set[int] = set()
+        #: A bucket's files were deleted by a remove and the directory's fsync failed: the
+        #: next remove() fsyncs it (:meth:`_sync_dir`).
+        self._dir_unsynced = False
         self._used = 0
         self._next_bucket = 1
         self._next_seq = 1
@@ -290,14 +293,14 @@ class BucketBackend(StorageBackend):
             os.replace(tmp, bucket.data_path)
             os.replace(index_tmp, bucket.index_path)  # sealed
             fsync_dir(self.dir)
-        except (OSError, GdskvError) as exc:
+        except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
             unlink_quietly(tmp)
             unlink_quietly(index_tmp)
             unlink_quietly(bucket.index_path)  # unseal first, as when dropping a bucket
             unlink_quietly(bucket.data_path)
             with self._lock:
                 self._used -= data_len
-            if isinstance(exc, GdskvError):
+            if isinstance(exc, GdskvError) or not isinstance(exc, OSError):
                 raise
             raise IoError(f"bucket write failed: {exc.strerror}", path=str(bucket.data_path), errno=exc.errno) from exc
         with self._lock:
@@ -367,9 +370,11 @@ class BucketBackend(StorageBackend):
         return False
 
     def _forget(self, bucket: _Bucket, key: bytes) -> None:
-        """Drop ``key`` from ``bucket`` durably (lock held). The disk changes first: when it
-        cannot (IoError), nothing changed, and the key is there in memory as on disk, so a
-        retried remove finds it again."""
+        """Drop ``key`` from ``bucket`` durably (lock held). The disk changes first: when the
+        index cannot be rewritten (IoError), nothing changed, and the key is there in memory
+        as on disk, so a retried remove finds it again. The last key of a bucket goes with
+        the bucket's files; if the directory's fsync after their unlinks fails, the key is
+        gone (IoError) and the next remove() fsyncs the directory before it returns."""
         self._persist_stale_indexes()  # an older copy of the key must not be the newest on disk
         rest = [entry for k, entry in bucket.entries.items() if k != key]
         if rest:
@@ -379,10 +384,18 @@ class BucketBackend(StorageBackend):
             del self._objects[key]
         if not rest:
             self._drop_bucket(bucket)
+            self._dir_unsynced = True
+            self._sync_dir()  # the unlinks, like an index rewrite, must outlive a power loss
+
+    def _sync_dir(self) -> None:
+        """fsync the bucket directory if something left it unsynced (lock held). Raises
+        IoError, and it stays to be done, when it fails."""
+        if self._dir_unsynced:
             try:
-                fsync_dir(self.dir)  # the unlinks, like an index rewrite, must outlive a power loss
+                fsync_dir(self.dir)
             except OSError as exc:
                 raise IoError(f"could not sync {self.dir}: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
+            self._dir_unsynced = False
 
     def _supersede(self, bucket: _Bucket, key: bytes) -> None:
         """Drop ``key`` from ``bucket``: a newer bucket holds it now (lock held). That copy
@@ -483,6 +496,7 @@ class BucketBackend(StorageBackend):
             self._check_open()
             bucket = self._objects.get(key)
             if bucket is None:
+                self._sync_dir()  # an earlier removal made durable first
                 return False
             self._forget(bucket, key)
             return True

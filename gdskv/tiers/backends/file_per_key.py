@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 import xxhash
 
-from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import TRANSIENT_ERRNOS, ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
@@ -127,6 +127,10 @@ class FilePerKeyBackend(StorageBackend):
         self._pending_dir_syncs: Set[Path] = set()
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
+        #: The same for an eviction's directory fsyncs, which a write waits for holding the
+        #: lock: nothing on these threads takes the lock (jobs on ``_syncer`` may, to shed
+        #: descriptors on EMFILE, and could fill it while the lock holder waits).
+        self._locked_syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync-evict")
         self.counters = {
             "files_written": 0,
             "bytes_written": 0,
@@ -391,9 +395,9 @@ class FilePerKeyBackend(StorageBackend):
             with self._dirs_lock:
                 made_by_others = set(self._unsynced_dirs)
             self._fsync_dirs({f.parent for f in finals} | changed_dirs | made_by_others)
-            self._synced_made_dirs(changed_dirs)
+            self._synced_made_dirs(changed_dirs | made_by_others)  # (writes run one at a time)
             written_ok = True
-        except (OSError, GdskvError) as exc:
+        except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
             for future, _ in submitted:  # nothing may still write from or into a file we drop
                 future.outcomes()
             concurrent.futures.wait(syncs)
@@ -407,7 +411,7 @@ class FilePerKeyBackend(StorageBackend):
                 with contextlib.suppress(OSError):
                     self._fsync_dirs(changed_dirs)
                     self._synced_made_dirs(changed_dirs)
-            if isinstance(exc, GdskvError):
+            if isinstance(exc, GdskvError) or not isinstance(exc, OSError):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         finally:
@@ -513,7 +517,7 @@ class FilePerKeyBackend(StorageBackend):
         self.counters["objects_evicted"] += len(evicted)
         # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
         # EMFILE (that takes the lock); one that fails is left to the next remove().
-        syncs = {d: self._syncer.submit(fsync_dir, d) for d in victim_dirs}
+        syncs = {d: self._locked_syncer.submit(fsync_dir, d) for d in victim_dirs}
         concurrent.futures.wait(list(syncs.values()))
         for directory, sync in syncs.items():
             if sync.exception() is not None:
@@ -679,14 +683,16 @@ class FilePerKeyBackend(StorageBackend):
                     self._pending_dir_syncs.add(self._unlink(key))
                 except OSError as exc:
                     raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
-            pending = set(self._pending_dir_syncs)
+            pending, self._pending_dir_syncs = self._pending_dir_syncs, set()
         if pending:
             try:
                 self._fsync_dirs(pending)
-            except OSError as exc:
+            except (OSError, RuntimeError) as exc:
+                with self._lock:  # for the next remove() (an eviction may have added some meanwhile)
+                    self._pending_dir_syncs |= pending
+                if isinstance(exc, RuntimeError):  # the sync threads were shut down by close()
+                    raise StoreClosedError("backend closed during remove()", path=str(self.dir)) from exc
                 raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
-            with self._lock:
-                self._pending_dir_syncs -= pending
         return found
 
     def check(self) -> List[bytes]:
@@ -755,6 +761,7 @@ class FilePerKeyBackend(StorageBackend):
             self._closed = True
             self._open.clear()
         self._syncer.shutdown(wait=True)
+        self._locked_syncer.shutdown(wait=True)
 
 
 def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:

@@ -117,7 +117,7 @@ class OffsetBackend(StorageBackend):
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
         self._objects: Dict[bytes, IndexEntry] = {}
         self._deferred: List[int] = []  # record offsets to free after the next checkpoint
-        #: Keys gone from the index (evicted or removed) that the checkpoint on disk still
+        #: Keys gone from the index (evicted, removed, dropped) that the checkpoint on disk still
         #: lists and no durable tombstone outranks: cleared by each checkpoint (lock held).
         self._dropped: Set[bytes] = set()
         self._pins: Dict[int, int] = {}
@@ -462,9 +462,9 @@ class OffsetBackend(StorageBackend):
             try:
                 self.engine.run(requests)
                 os.fdatasync(self._fd)  # type: ignore[arg-type]
-            except (OSError, GdskvError) as exc:
+            except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
                 self._abandon(offsets)
-                if isinstance(exc, GdskvError):
+                if isinstance(exc, GdskvError) or not isinstance(exc, OSError):
                     raise
                 raise IoError(f"offset write failed: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
             finally:
@@ -590,6 +590,7 @@ class OffsetBackend(StorageBackend):
         """Forget a replica that failed verification. ``_lock`` held."""
         if self._objects.get(entry.key) is entry:
             del self._objects[entry.key]
+            self._dropped.add(entry.key)  # the checkpoint on disk may still list it
             self._policy.remove(entry.key)
             self._deferred.append(_record_start(entry))
 

@@ -426,3 +426,30 @@ def test_an_older_index_that_cannot_be_rewritten_is_rewritten_before_an_eviction
     backends.close_all()
     b = backends.open(capacity=64 * KiB, eviction="lru")
     assert read(b, "a") is None and read(b, "b") == block(2, 10_000)
+
+
+def test_removing_a_buckets_last_key_whose_directory_sync_fails_is_made_durable_by_the_next_remove(backends, monkeypatch):
+    import errno
+
+    import gdskv.tiers.backends.bucket as bucket_module
+
+    b = backends.open()
+    write(b, {"a": block(1, 100)})
+    real = bucket_module.fsync_dir
+    synced = []
+    failing = [True]
+
+    def fsync_dir(path):
+        synced.append(str(path))
+        if failing[0]:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    monkeypatch.setattr(bucket_module, "fsync_dir", fsync_dir)
+    with pytest.raises(IoError):
+        b.remove(b"a")
+    failing[0] = False
+    synced.clear()
+    assert not b.remove(b"a") and synced == [str(b.dir)]
+    synced.clear()
+    assert not b.remove(b"a") and synced == []

@@ -942,3 +942,140 @@ def test_close_waits_for_the_write_in_progress(tmp_path, direct_psync, monkeypat
     again = open_backend(tmp_path, direct_psync)
     assert len(again.keys()) == 8
     again.close()
+
+
+def keys_in_one_shard(count: int):
+    """``count`` keys whose files share a shard directory."""
+    by_shard = {}
+    for i in range(1_000_000):
+        key = b"k%d" % i
+        shard = by_shard.setdefault(file_name(key)[:2], [])
+        shard.append(key)
+        if len(shard) == count:
+            return shard
+    raise AssertionError("unreachable")
+
+
+def test_a_directory_an_eviction_leaves_unsynced_during_a_remove_stays_for_the_next(tmp_path, direct_psync, monkeypatch):
+    """A remove() fsyncs the pending directories; meanwhile an eviction's fsync of one of
+    them fails. That directory must stay pending for the next remove(): before, the first
+    remove() took it off the list after its own (earlier) fsync."""
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gdskv.tiers.backends.record import record_size
+
+    victim, removed = keys_in_one_shard(2)
+    size = record_size(len(victim), 100)
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * size)
+    backend.write(items({victim: block(1, 100)}))  # the oldest: the next write evicts it
+    backend.write(items({removed: block(2, 100)}))
+    shard = backend.path_of(victim).parent
+    real = fpk.fsync_dir
+    remove_synced, eviction_done = threading.Event(), threading.Event()
+    state = {"evicting": False}
+
+    def fsync_dir(path):
+        if state["evicting"] and path == shard:
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        real(path)
+        if path == shard and not remove_synced.is_set() and not state["evicting"]:
+            remove_synced.set()  # the remove() has fsynced the shard; it pauses here
+            eviction_done.wait(10)
+
+    monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
+    remover = threading.Thread(target=lambda: backend.remove(removed))
+    remover.start()
+    assert remove_synced.wait(10)
+    state["evicting"] = True
+    filler = next(n for n in range(100, 1 << 20, 64) if record_size(6, n) == 2 * size)
+    assert backend.write(items({b"filler": block(3, filler)})) == [victim]
+    state["evicting"] = False
+    eviction_done.set()
+    remover.join(10)
+    synced = []
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(path), real(path)))
+    assert not backend.remove(victim) and shard in synced
+    backend.close()
+
+
+def test_directories_a_failed_write_could_not_sync_are_synced_once_by_the_next_write(tmp_path, direct_psync, monkeypatch):
+    """The write that made a shard again fails, and so does its fsync of the directories that
+    gained it: the next write fsyncs them, and the ones after it no longer do."""
+    import shutil
+
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    backend = open_backend(tmp_path, direct_psync)
+    root = tmp_path / "files"
+    name = file_name(b"first")
+    shutil.rmtree(root / name[0])
+    real_fsync_dir, real_fdatasync = fpk.fsync_dir, os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", failing_for_any(errno.EIO))
+    monkeypatch.setattr(fpk, "fsync_dir", failing_for_any(errno.EIO))
+    with pytest.raises(IoError):
+        backend.write(items({b"first": block(1, 5000)}))
+    monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    synced = []
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
+    others = [k for k in (b"k%d" % i for i in range(100_000)) if file_name(k)[0] != name[0]][:2]
+    backend.write(items({others[0]: block(2, 100)}))
+    assert str(root) in synced
+    synced.clear()
+    backend.write(items({others[1]: block(3, 100)}))
+    assert synced == [str(backend.path_of(others[1]).parent)]
+    backend.close()
+
+
+def failing_for_any(code: int):
+    def call(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    return call
+
+
+def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_path, direct_psync, monkeypatch):
+    """A write evicts holding the lock and waits for its directory fsyncs. A remove() has
+    filled the shared sync threads with fsyncs that, out of descriptors, wait for that lock
+    to shed cached ones. The eviction's fsyncs must not queue behind them (a deadlock)."""
+    import threading
+
+    import gdskv.tiers.backends.file_per_key as fpk
+    from gdskv.tiers.backends.record import record_size
+
+    keys = [k for k in (b"old%d" % i for i in range(100_000))][:20]
+    size = record_size(len(keys[0]), 100)
+    backend = open_backend(tmp_path, direct_psync, capacity=20 * size)
+    backend.write(items({k: block(i, 100) for i, k in enumerate(keys)}))
+    real = fpk.fsync_dir
+    shared_busy = threading.Semaphore(0)
+    lock_taken = threading.Event()
+
+    def fsync_dir(path):
+        if threading.current_thread().name.startswith("gdskv-fsync_") and not lock_taken.is_set() and state["remove"]:
+            shared_busy.release()
+            lock_taken.wait(10)  # the write now holds the lock and evicts
+            raise OSError(errno.EMFILE, "Too many open files", str(path))  # -> takes the lock to shed
+        return real(path)
+
+    state = {"remove": False}
+    monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
+    with backend._lock:
+        backend._pending_dir_syncs.update(tmp_path / "files" / a / b for a in "0123456789abcdef" for b in "01")
+    state["remove"] = True
+    def remove():
+        with contextlib.suppress(IoError):  # its fsyncs may fail (out of descriptors): not the point
+            backend.remove(b"absent")
+
+    remover = threading.Thread(target=remove, daemon=True)
+    remover.start()
+    for _ in range(fpk.SYNC_THREADS):
+        assert shared_busy.acquire(timeout=10)  # every shared sync thread is taken
+    state["remove"] = False
+    backend.evict_listener = lambda evicted: lock_taken.set()
+    writer = threading.Thread(target=lambda: backend.write(items({b"new": block(99, 100 * 30)})), daemon=True)
+    writer.start()
+    writer.join(15)
+    remover.join(15)
+    assert not writer.is_alive() and not remover.is_alive()
+    backend.close()

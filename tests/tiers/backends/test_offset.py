@@ -545,3 +545,25 @@ def test_a_smaller_capacity_is_refused_and_touches_nothing(tmp_path, direct_psyn
     verify_holds(larger, {f"k{i}": (i, 1 * MiB) for i in range(12)})
     larger.close()
     assert OffsetBackend.stored_capacity(tmp_path) == 32 * MiB
+
+
+def test_a_removed_key_whose_replica_a_failed_read_dropped_stays_removed(tmp_path, direct_psync):
+    """A read fails (EIO) and drops the replica; the checkpoint on disk still lists it. A
+    remove() of the key then takes a checkpoint, or the key comes back after a crash."""
+    from gdskv.gds.engine import IoOp
+    from gdskv.gds.faulty import FaultyEngine
+
+    engine = FaultyEngine(direct_psync)
+    backend = OffsetBackend(tmp_path, engine, capacity=16 * MiB, window_bytes=MiB)
+    backend.recover()
+    backend.write(items({b"K": value_of(1, 5000), b"A": value_of(2, 5000)}))
+    backend.close()
+    backend = OffsetBackend(tmp_path, engine, capacity=16 * MiB, window_bytes=MiB)
+    backend.recover()  # K and A listed in the checkpoint
+    engine.inject("eio", op=IoOp.READ, times=1)
+    assert read(backend, b"K", 5000) is None and backend.lookup(b"K") is None  # dropped
+    assert backend.remove(b"K")
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"A": (2, 5000)})
+    again.close()
