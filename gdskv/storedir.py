@@ -45,9 +45,19 @@ def stored_backend(path: Path) -> "str | None":
     """The backend the store in directory ``path`` was created with (its ``gdskv.json``);
     None when there is no readable one (no store there yet)."""
     try:
-        return str(json.loads((Path(path) / META_FILE).read_text())["backend"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return _read_meta(Path(path) / META_FILE)[2]
+    except ConfigError:
         return None
+
+
+def _read_meta(meta_path: Path) -> "tuple[dict, int, str]":
+    """``(metadata, format_version, backend)`` of a store's ``gdskv.json``; ConfigError
+    when it cannot be read or lacks them."""
+    try:
+        meta = json.loads(meta_path.read_text())
+        return meta, int(meta["format_version"]), str(meta["backend"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("unreadable store metadata", path=str(meta_path), cause=str(exc)) from exc
 
 
 def store_format_version(backend: str) -> int:
@@ -70,12 +80,7 @@ def _check_meta(meta_path: Path, config: StoreConfig) -> None:
         meta = {"format": "gdskv", "format_version": supported, "backend": config.backend}
         write_file_atomic(meta_path, json.dumps(meta, indent=2).encode())
         return
-    try:
-        meta = json.loads(meta_path.read_text())
-        version = int(meta["format_version"])
-        backend = str(meta["backend"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError("unreadable store metadata", path=str(meta_path), cause=str(exc)) from exc
+    meta, version, backend = _read_meta(meta_path)
     if backend != config.backend:
         raise ConfigError("store was created with another backend", path=str(meta_path), stored=backend, requested=config.backend)
     if version > supported:
