@@ -365,6 +365,7 @@ class OffsetBackend(StorageBackend):
             window = merge_extents(window)
             watermark = self._next_seq - 1
             listed = list(self._objects.values())
+            unlisted = set(self._dropped)  # a key dropped after this is in ``listed``
         listed.extend(IndexEntry(WINDOW_KEY, start, end - start, 0, 0) for start, end in window)
         try:
             write_file_atomic(self.checkpoint_path, encode_index(watermark, self.capacity, listed))
@@ -374,7 +375,7 @@ class OffsetBackend(StorageBackend):
                     self._alloc.free(offset)
             raise
         with self._lock:
-            self._dropped.clear()  # the checkpoint on disk lists only the index now
+            self._dropped -= unlisted  # the checkpoint on disk does not list them any more
         self._window = window
         self._watermark = watermark
         self.counters["checkpoints"] += 1
@@ -522,7 +523,7 @@ class OffsetBackend(StorageBackend):
                 return True
             seq = self._next_seq
             self._next_seq += 1
-            head = encode_head(key, 0, seq, 0, flags=FLAG_TOMBSTONE)
+            head = encode_head(key, 0, seq, checksum(key, b""), flags=FLAG_TOMBSTONE)  # the key's CRC
             try:
                 self.engine.run([IoRequest.write(self._fd, offsets[0], memoryview(head), path=str(self.data_path))])
                 os.fdatasync(self._fd)  # type: ignore[arg-type]
@@ -597,11 +598,23 @@ class OffsetBackend(StorageBackend):
     # ------------------------------------------------------------------ the rest
 
     def check(self) -> List[bytes]:
-        """Verify every record (header, key, value checksum); drop and return corrupt keys."""
+        """Verify every record (header, key, value checksum); drop and return corrupt keys.
+
+        Each record is pinned while it is read, as a read pins it, so that a concurrent
+        write cannot reuse its space meanwhile; an entry replaced meanwhile is not judged."""
         with self._lock:
+            self._check_open()
             snapshot = list(self._objects.values())
-        corrupt = [e for e in snapshot if not self._verify_record(e)]
+            pins = [_record_start(e) for e in snapshot]
+            for record in pins:
+                self._pins[record] = self._pins.get(record, 0) + 1
+        try:
+            corrupt = [e for e in snapshot if not self._verify_record(e)]
+        finally:
+            with self._lock:
+                self._unpin_reads(pins)
         with self._lock:
+            corrupt = [e for e in corrupt if self._objects.get(e.key) is e]
             for entry in corrupt:
                 self._drop(entry)
         self.counters["corrupt_reads"] += len(corrupt)

@@ -567,3 +567,86 @@ def test_a_removed_key_whose_replica_a_failed_read_dropped_stays_removed(tmp_pat
     again = open_backend(tmp_path, direct_psync)
     verify_holds(again, {"A": (2, 5000)})
     again.close()
+
+
+def test_a_torn_tombstone_never_removes_another_key(tmp_path, direct_psync):
+    """Power fails while a tombstone's head block is written and only its first sector
+    lands: the scan at reopen reads stale bytes after it as the rest of its key. A
+    tombstone now carries its key's CRC, so it is dropped as torn instead of removing a live
+    key whose name those stale bytes spell (here: keys sharing a 600-byte prefix)."""
+    engine = direct_psync
+    backend = open_backend(tmp_path, engine)
+    k1, k2 = b"P" * 600 + b"1", b"P" * 600 + b"2"
+    backend.write(items({k2: value_of(1, 3000)}))  # k2's first record at offset 0
+    backend.write(items({k2: value_of(2, 3000), k1: value_of(3, 3000)}))  # offset 0 deferred
+    with backend._wlock:  # noqa: SLF001 - a checkpoint, as a full window or close() takes
+        backend._checkpoint([])  # noqa: SLF001 - offset 0 free again, in the window
+    real_run = engine.run
+
+    def torn(requests):
+        request = requests[0]
+        if request.op.value == "write" and len(requests) == 1 and request.nbytes == 4096:  # the tombstone
+            fd = os.open(backend.data_path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, bytes(request.buffers[0][:512]), request.offset)  # its first sector only
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return [4096]
+        return real_run(requests)
+
+    engine.run = torn
+    try:
+        assert backend.remove(k1)
+    finally:
+        engine.run = real_run
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync)
+    assert k2 in again.keys() and read(again, k2, 3000) == value_of(2, 3000)
+    again.close()
+
+
+def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psync, monkeypatch):
+    """A failed read drops K while a checkpoint that lists K is being written. That
+    checkpoint must not forget the drop: a remove of K then takes another checkpoint, or K
+    comes back after a crash."""
+    import threading
+
+    import gdskv.tiers.backends.offset as offset_module
+    from gdskv.gds.engine import IoOp
+    from gdskv.gds.faulty import FaultyEngine
+
+    engine = FaultyEngine(direct_psync)
+    backend = OffsetBackend(tmp_path, engine, capacity=16 * MiB, window_bytes=MiB)
+    backend.recover()
+    backend.write(items({b"K": value_of(1, 5000), b"A": value_of(2, 5000)}))
+    real = offset_module.write_file_atomic
+    armed = [True]
+
+    def writing_checkpoint(path, data, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            engine.inject("eio", op=IoOp.READ, times=1)
+            reader = threading.Thread(target=lambda: read(backend, b"K", 5000))
+            reader.start()
+            reader.join(10)
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(offset_module, "write_file_atomic", writing_checkpoint)
+    with backend._wlock:  # noqa: SLF001
+        backend._checkpoint([])  # noqa: SLF001
+    assert backend.lookup(b"K") is None and backend.remove(b"K")
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"A": (2, 5000)})
+    again.close()
+
+
+def test_check_after_close_is_a_store_closed_error(tmp_path, direct_psync):
+    from gdskv.errors import StoreClosedError
+
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"K": value_of(1, 5000)}))
+    backend.close()
+    with pytest.raises(StoreClosedError):
+        backend.check()
