@@ -89,7 +89,7 @@ class Client:
         self._check_open()
         if len(sequence_arg(keys, "keys")) != len(sequence_arg(values, "values")):
             raise InvalidValueError("keys and values differ in length", keys=len(keys), values=len(values))
-        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
+        ks = [encode_key(k) for k in keys]
         views = [byte_view(v) for v in values]
         crcs = [value_crc(k, v) for k, v in zip(ks, views)]
         if overwrite:
@@ -220,7 +220,7 @@ class Client:
         self._check_open()
         if len(sequence_arg(keys, "keys")) != len(sequence_arg(outs, "outs")):
             raise InvalidValueError("keys and outs differ in length", keys=len(keys), outs=len(outs))
-        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
+        ks = [encode_key(k) for k in keys]
         views = [byte_view(o, writable=True, what="out") for o in outs]
         results: List[Optional[int]] = [None] * len(ks)
         if self.local is not None:

@@ -114,10 +114,10 @@ class FilePerKeyBackend(StorageBackend):
         self._used = 0
         self._next_seq = 1
         #: Directories that gained an entry when a write made a shard directory again (one
-        #: removed behind the store's back), until that write has fsynced them: every write
-        #: fsyncs them too, since it may use the new shard and end before the one that made it.
+        #: removed behind the store's back) and are not fsynced yet (that write failed, and
+        #: so did its fsync of them): the next write fsyncs them with its own. Only writes
+        #: (one at a time, under ``_wlock``) and the open touch it.
         self._unsynced_dirs: Set[Path] = set()
-        self._dirs_lock = threading.Lock()  # guards _unsynced_dirs; no other lock is taken inside it
         #: Writes run one at a time (the store has one offloader; a backend used directly
         #: from several threads must not let one write's eviction take another's new file,
         #: nor two writes of a key share its temporary name). close() waits for it.
@@ -226,8 +226,7 @@ class FilePerKeyBackend(StorageBackend):
             self._fsync_dirs([self.dir.parent, self.dir] + [self.dir / first for first in SHARD_DIGITS])
         except OSError as exc:
             raise IoError(f"cannot create the shard directories: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
-        with self._dirs_lock:
-            self._unsynced_dirs.clear()
+        self._unsynced_dirs.clear()
 
     def _layout_of(self, path: Path) -> Tuple[Optional[int], int]:
         """``(layout, depth)`` of the directory ``path`` under ``files/``: layout 2 for the
@@ -392,10 +391,8 @@ class FilePerKeyBackend(StorageBackend):
                         renamed += 1
                 finally:  # what was renamed is what its path holds now: the index takes it
                     self._index(entries[:renamed], fds[:renamed], finals, sizes)
-            with self._dirs_lock:
-                made_by_others = set(self._unsynced_dirs)
-            self._fsync_dirs({f.parent for f in finals} | changed_dirs | made_by_others)
-            self._synced_made_dirs(changed_dirs | made_by_others)  # (writes run one at a time)
+            self._fsync_dirs({f.parent for f in finals} | changed_dirs | self._unsynced_dirs)
+            self._unsynced_dirs.clear()
             written_ok = True
         except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
             for future, _ in submitted:  # nothing may still write from or into a file we drop
@@ -407,10 +404,10 @@ class FilePerKeyBackend(StorageBackend):
                 self._used -= sum(sizes[renamed:])
             # The files renamed into place (their data synced) are indexed, though the write
             # failed: memory and disk agree, and a retry of the write overwrites them.
-            if changed_dirs:  # other writes fsync these until this write has: do it now
+            if self._unsynced_dirs:  # else the next write fsyncs them
                 with contextlib.suppress(OSError):
-                    self._fsync_dirs(changed_dirs)
-                    self._synced_made_dirs(changed_dirs)
+                    self._fsync_dirs(self._unsynced_dirs)
+                    self._unsynced_dirs.clear()
             if isinstance(exc, GdskvError) or not isinstance(exc, OSError):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
@@ -454,22 +451,14 @@ class FilePerKeyBackend(StorageBackend):
         """Create the shard directory ``shard`` (and its parent) where missing. Each
         directory that holds one of them goes into ``changed_dirs`` (the caller must fsync
         it, whoever made the entry: its file hangs from it) and, before the entry is made,
-        into the directories every write fsyncs until the caller has."""
+        into ``_unsynced_dirs``, which the caller clears once it has fsynced them."""
         if shard.is_dir():
             return
         for directory in (shard.parent, shard):
-            with self._dirs_lock:
-                self._unsynced_dirs.add(directory.parent)
+            self._unsynced_dirs.add(directory.parent)
             changed_dirs.add(directory.parent)
-            with contextlib.suppress(FileExistsError):  # made meanwhile by another write
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another process
                 directory.mkdir()
-
-    def _synced_made_dirs(self, changed_dirs: Set[Path]) -> None:
-        """``changed_dirs`` (the directories a write gave a shard it made again) are
-        fsynced: other writes need not fsync them any more."""
-        if changed_dirs:
-            with self._dirs_lock:
-                self._unsynced_dirs -= changed_dirs
 
     def _make_room(self, nbytes: int, reuse_as: Sequence[Path], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held.
