@@ -70,3 +70,13 @@ class After:
 
     def open(self) -> None:
         self._open.set()
+
+
+def still_waiting(target: Callable[[], Any], seconds: float = 0.3) -> threading.Thread:
+    """Start ``target`` on a thread and check that it has not returned ``seconds`` later (it
+    waits for something a gate holds); returns the thread, for the test to join."""
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(seconds)
+    assert thread.is_alive(), f"{target} returned while it should have waited"
+    return thread

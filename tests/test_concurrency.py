@@ -13,7 +13,7 @@ import pytest
 
 import gdskv
 from conftest import block
-from gates import Gate
+from gates import Gate, still_waiting
 
 KiB = 1024
 
@@ -431,10 +431,7 @@ def test_an_overwrite_caught_by_close_is_drained(make_store, tmp_path):
     writer = threading.Thread(target=lambda: store.put("k", b"B" * 5000, overwrite=True))
     writer.start()
     copy.wait_reached()
-    closer = threading.Thread(target=store.close)
-    closer.start()
-    closer.join(0.3)
-    assert closer.is_alive()
+    closer = still_waiting(store.close)
     copy.open()
     writer.join(10)
     closer.join(10)

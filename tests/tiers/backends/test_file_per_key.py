@@ -448,7 +448,7 @@ def test_writes_run_one_at_a_time(tmp_path, direct_psync, monkeypatch):
     import threading
 
     import gdskv.tiers.backends.file_per_key as fpk
-    from gates import Gate
+    from gates import Gate, still_waiting
 
     backend = open_backend(tmp_path, direct_psync)
     gate = Gate(fpk.fsync_dir)
@@ -456,11 +456,9 @@ def test_writes_run_one_at_a_time(tmp_path, direct_psync, monkeypatch):
     first = threading.Thread(target=lambda: backend.write(items({b"k": block(1, 5000)})))
     first.start()
     gate.wait_reached()
-    second = threading.Thread(target=lambda: backend.write(items({b"k": block(2, 5000), b"other": block(3, 100)})))
-    second.start()
+    second = still_waiting(lambda: backend.write(items({b"k": block(2, 5000), b"other": block(3, 100)})))
     try:
-        second.join(0.3)
-        assert second.is_alive() and b"other" not in backend.keys()
+        assert b"other" not in backend.keys()
         assert read(backend, b"k", 5000) == block(1, 5000)  # indexed with its rename
     finally:
         gate.open()
@@ -923,7 +921,7 @@ def test_close_waits_for_the_write_in_progress(tmp_path, direct_psync, monkeypat
     descriptors with writes in flight and left its reservation and temporary files."""
     import threading
 
-    from gates import Gate
+    from gates import Gate, still_waiting
 
     backend = open_backend(tmp_path, direct_psync)
     gate = Gate(os.fdatasync)  # the first file's sync: the others are still to be handed out
@@ -931,10 +929,7 @@ def test_close_waits_for_the_write_in_progress(tmp_path, direct_psync, monkeypat
     writer = threading.Thread(target=lambda: backend.write(items({f"k{i}".encode(): block(i, 5000) for i in range(8)})))
     writer.start()
     gate.wait_reached()
-    closer = threading.Thread(target=backend.close)
-    closer.start()
-    closer.join(0.3)
-    assert closer.is_alive()
+    closer = still_waiting(backend.close)
     gate.open()
     writer.join(10)
     closer.join(10)
