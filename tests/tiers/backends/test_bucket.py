@@ -12,6 +12,7 @@ import pytest
 from conftest import block
 from gates import Gate
 from gdskv.errors import IoError
+from gdskv.gds.engine import IoFuture
 from gdskv.gds.psync import PsyncEngine
 from gdskv.tiers.backends.bucket import BucketBackend
 from gdskv.tiers.backends.record import checksum, decode_index, record_size
@@ -251,12 +252,8 @@ def test_a_read_that_fails_for_want_of_descriptors_keeps_the_replica(backends, m
 
     b = backends.open()
     write(b, {"a": block(1, 5000)})
-    real = b.engine.submit
-
     def refusing(requests):
-        future = real([])
-        future._parts = [_failed(IoError("read failed: Too many open files", errno=errno_.EMFILE, path="x", offset=0))]
-        return future
+        return IoFuture.failed(IoError("read failed: Too many open files", errno=errno_.EMFILE, path="x", offset=0))
 
     monkeypatch.setattr(b.engine, "submit", refusing)
     assert read(b, "a") is None and b.stats()["read_errors"] == 1
@@ -270,14 +267,6 @@ def test_a_read_into_an_unusable_buffer_keeps_the_replica(backends):
     write(b, {"a": block(1, 5000)})
     assert b.read_batch([(b"a", memoryview(bytes(5000)))]) == [None]  # read-only: the caller's fault
     assert read(b, "a") == block(1, 5000)
-
-
-def _failed(exc):
-    import concurrent.futures
-
-    fut = concurrent.futures.Future()
-    fut.set_exception(exc)
-    return fut
 
 
 def test_check_drops_only_what_is_corrupt(backends):
