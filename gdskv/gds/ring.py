@@ -59,6 +59,10 @@ _POLL_MS = 50
 #: are handed to the kernel while more are prepared: the device never waits on a long copy,
 #: and small requests still go in one system call per batch.
 _REFILL_BYTES = 1 << 20
+#: While a caller works through completed requests (:meth:`RingFuture.as_completed`), the
+#: ring is refilled from its backlog after every this many, so that the device does not run
+#: dry while a large batch is verified.
+_PUMP_EVERY = 16
 #: Direct transfers larger than this go to the kernel as several entries of this size:
 #: large enough that a KV block of a few MiB is one entry (the block layer still cuts it to
 #: the device's ``max_sectors_kb``), small enough that a batch of large values ends evenly
@@ -92,11 +96,14 @@ class RingFuture(IoFuture):
     def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = 0
+        ring = self._ring
         while True:
             while seen < len(self._order):
                 index = self._order[seen]
                 seen += 1
                 yield index, self._values[index]  # type: ignore[misc]
+                if not seen % _PUMP_EVERY and ring._backlog:
+                    ring.wait(self, 0)  # refill the ring while the caller works through what is done
             if not self._pending:
                 return
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -516,6 +516,30 @@ def test_uring_caps_the_bytes_of_large_reads_in_flight(tmp_path, monkeypatch):
     eng.close()
 
 
+def test_uring_refills_the_ring_while_a_caller_works_through_completed_requests(tmp_path):
+    """A caller going through many completed requests (a large batch being verified) does
+    not leave the device idle: every 16 it takes, the ring's backlog is issued."""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    import time
+
+    eng = _engine("uring", True, depth=8, slots=8)
+    path = tmp_path / "data"
+    fd = eng.open_file(path, os.O_RDWR | os.O_CREAT)
+    eng.run([IoRequest.write(fd, 0, memoryview(block(4, 64 * 4096)), path=str(path))])
+    try:
+        done = eng.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(16)])
+        assert done.outcomes() == [4096] * 16
+        waiting = eng.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(40)])
+        time.sleep(0.05)  # the 8 in flight complete; 32 wait in the backlog
+        assert len(list(done.as_completed())) == 16
+        assert waiting._pending < 40  # reaped and refilled meanwhile, though nobody waited on it
+        assert waiting.result() == [4096] * 40
+    finally:
+        os.close(fd)
+        eng.close()
+
+
 # --------------------------------------------------------------- odd requests and waiting
 
 
