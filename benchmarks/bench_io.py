@@ -10,7 +10,10 @@ For each engine x backend, through the backend API (the layer that puts objects 
   comes from the page cache; a buffered engine's files are dropped from it first);
 - 4 KiB random reads of ``--rand-objects`` small objects, 64 per batch (``--rand-qd``);
   the random batches are drawn before the clock starts (fio draws its offsets at no cost
-  worth counting), so the time is gdskv's reading and verifying.
+  worth counting), so the time is gdskv's reading and verifying. The ``psync`` engine runs
+  as many reads at once as it has threads (plus the waiting caller): after the table its
+  4 KiB figures are also compared, without a target, with fio's ``psync`` engine running
+  that many jobs.
 
 In the same run fio measures the same block size, queue depth and filesystem (io_uring,
 O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio of fio's:
@@ -93,7 +96,7 @@ def ensure_fio(install: bool) -> Optional[str]:
 
 def fio_run(
     fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None,
-    mem: str = "malloc", fresh: bool = True,
+    mem: str = "malloc", fresh: bool = True, ioengine: str = "io_uring", jobs: int = 1,
 ) -> float:
     """One fio job over a file of ``size`` bytes; returns bytes/s, or IOPS for 4 KiB blocks.
     ``ios``: that many I/Os (the same count gdskv does), spread over the file as needed.
@@ -101,21 +104,23 @@ def fio_run(
     A write goes to a fresh file (fio preallocates it), as the backends write new files into
     a new store; with ``fresh=False`` it overwrites the file the last write left, whose
     blocks are all written: the peer of writing into a full tier, which reuses the files
-    of evicted objects (:func:`gdskv.tiers.backends.files.fit_reused_file`)."""
+    of evicted objects (:func:`gdskv.tiers.backends.files.fit_reused_file`).
+    ``ioengine``/``jobs``: fio's engine and its number of jobs (processes) on the file; the
+    figure is their sum, and ``ios`` is shared among them."""
     target = directory / "fio.dat"
     if rw == "write" and fresh and target.exists():
         target.unlink()
     cmd = [
         fio, "--name=gdskv", f"--filename={target}", f"--size={size}", f"--bs={bs}", f"--rw={rw}",
-        f"--iodepth={qd}", "--ioengine=io_uring", f"--direct={int(direct)}", "--output-format=json",
-        "--randrepeat=0", "--group_reporting", f"--mem={mem}",
+        f"--iodepth={qd}", f"--ioengine={ioengine}", f"--direct={int(direct)}", "--output-format=json",
+        "--randrepeat=0", "--group_reporting", f"--mem={mem}", f"--numjobs={jobs}",
     ]
     if rw == "write":
         cmd.append("--end_fsync=1")
     if ios:
         # A random job ends once it has covered the file; ask for as many I/Os as gdskv
         # does (a file of 8192 blocks read once is a short, coarse baseline).
-        cmd.append(f"--io_size={ios * bs}")
+        cmd.append(f"--io_size={ios // jobs * bs}")
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"fio failed: {done.stderr.strip() or done.stdout.strip()}")
@@ -527,6 +532,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             for engine_name, backend_name in rotated(runs, r):
                 if engine_name == "fio":
                     add(("fio", "rand", 4096), fio_job(rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, ios=args.rand_ops))
+                    if "psync" in engines:  # the like-for-like peer of a thread pool (see the notes after the table)
+                        add(("fio", "rand psync", 4096), fio_job(rw="randread", bs=4096, qd=1, size=rand_size, ios=args.rand_ops,
+                                                                  ioengine="psync", jobs=engines["psync"].threads + 1))
                 else:
                     backend = small[(engine_name, backend_name)]
                     add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
@@ -583,6 +591,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{engine_name:<7} {backend_name:<13} {format_size(size):>8} {op:<10} {n:>6} {fmt_rate(value, small):>14} "
             f"{fmt_rate(fio_value, small) if fio_value else '-':>14} {fmt_ratio(ratio):>6}  {verdict}"
         )
+    if fio and "psync" in engines:
+        peer = median(samples[("fio", "rand psync", 4096)])
+        jobs = engines["psync"].threads + 1
+        print()
+        print(f"# psync runs at most {jobs} 4 KiB reads at a time (one per pool thread, one in the waiting caller), so a "
+              f"queue depth of {args.rand_qd} is out of its reach. Against fio's psync engine with {jobs} jobs "
+              f"({fmt_rate(peer, True)}; no target): "
+              + ", ".join(f"{b} {fmt_ratio(median(samples[('psync', b, 'rand', 4096)]) / peer)}" for b in backends))
     print()
     print("# every repeat's figure (MiB/s; 4 KiB: IOPS), in the order of the repeats")
     for key, values in samples.items():
