@@ -42,6 +42,7 @@ import concurrent.futures
 import enum
 import logging
 import os
+import time
 from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from gdskv.errors import GdskvError, InvalidValueError, IoError
@@ -183,6 +184,72 @@ class IoFuture:
         stops the wait, not the requests."""
         if not self.done():  # asyncio.wait never cancels what it waits for
             yield from asyncio.wait([asyncio.wrap_future(p) for p in self._parts]).__await__()
+        return self.result(0)
+
+
+class DrivenFuture(IoFuture):
+    """Completion of a batch whose outcomes are recorded as its requests end, and whose
+    waiters move the work on: a subclass implements :meth:`_wait` (the ``uring`` engine
+    drives its ring; ``psync`` runs requests not yet started) and may implement
+    :meth:`_progress`. Outcomes go to ``_values`` (by request), ``_order`` (the order they
+    ended in) and ``_pending`` (how many have not), through the subclass."""
+
+    #: While a caller goes through completed requests (:meth:`as_completed`), the work is
+    #: moved on (:meth:`_progress`) after every this many: a large batch being verified
+    #: then keeps the device busy.
+    PROGRESS_EVERY = 16
+
+    def __init__(self, count: int) -> None:
+        self._values: List[Union[int, BaseException, None]] = [None] * count
+        self._pending = count
+        self._order: List[int] = []  # indices in the order they resolved
+
+    def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:  # pragma: no cover
+        """Return once every request has ended (or, given ``resolved``, more than that many
+        have), or once ``timeout`` seconds have passed (None: no limit; 0: do not wait)."""
+        raise NotImplementedError
+
+    def _progress(self) -> None:
+        """Move the work on without waiting; by default nothing."""
+
+    def done(self) -> bool:
+        return self._pending == 0
+
+    def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
+        if self._pending:
+            self._wait(timeout)
+        if self._pending:
+            raise TimeoutError(f"{self._pending} I/O requests still in flight")
+        return list(self._values)  # type: ignore[arg-type]
+
+    def result(self, timeout: Optional[float] = None) -> List[int]:
+        out = self.outcomes(timeout)
+        for value in out:
+            if isinstance(value, BaseException):
+                raise value
+        return out  # type: ignore[return-value]
+
+    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = 0
+        every = self.PROGRESS_EVERY
+        while True:
+            while seen < len(self._order):
+                index = self._order[seen]
+                seen += 1
+                yield index, self._values[index]  # type: ignore[misc]
+                if not seen % every:
+                    self._progress()
+            if not self._pending:
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"{self._pending} I/O requests still in flight")
+            self._wait(remaining, resolved=seen)
+
+    def __await__(self) -> Generator[Any, None, List[int]]:
+        if not self.done():  # waits on an executor thread, which may move the work on meanwhile
+            yield from asyncio.get_running_loop().run_in_executor(None, self._wait, None).__await__()
         return self.result(0)
 
 

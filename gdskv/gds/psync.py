@@ -24,19 +24,18 @@ too, so threads that come and go do not each keep one).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import ctypes
 import itertools
 import os
 import threading
 import time
-from typing import Any, Callable, Generator, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest, check_buffers, request_error
+from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, check_buffers, request_error
 
 #: Default staging chunk of each thread for unaligned O_DIRECT requests.
 CHUNK_BYTES = 4 << 20
@@ -175,21 +174,19 @@ class PsyncEngine(IoEngine):
             buf.close()
 
 
-class BatchFuture(IoFuture):
+class BatchFuture(DrivenFuture):
     """A batch of requests run by whichever threads call :meth:`work`: the engine's pool
     tasks, and a caller waiting with no timeout (``result()``, ``outcomes()``,
-    ``as_completed()``), which runs requests not yet started instead of sleeping. Each
-    request runs exactly once, on one thread; its outcome (byte count or exception) is
-    recorded under a lock and wakes the waiters."""
+    ``as_completed()``, ``await``), which runs requests not yet started instead of
+    sleeping. Each request runs exactly once, on one thread; its outcome (byte count or
+    exception) is recorded under a lock and wakes the waiters."""
 
     def __init__(self, run: Callable[[IoRequest], int], requests: Sequence[IoRequest]) -> None:
+        super().__init__(len(requests))
         self._run = run
         self._requests = list(requests)
-        self._values: List[Union[int, BaseException, None]] = [None] * len(self._requests)
         self._next = itertools.count()  # next() is atomic: each index is taken once
         self._cond = threading.Condition(threading.Lock())
-        self._pending = len(self._requests)
-        self._order: List[int] = []  # indices in the order they resolved
         self._waiters = 0
 
     def work(self) -> None:
@@ -218,8 +215,8 @@ class BatchFuture(IoFuture):
         return True
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
-        """Return once every request has ended (or, given ``resolved``, more than that many
-        have) or ``timeout`` seconds pass. Without a timeout, run requests meanwhile."""
+        """Without a timeout, run requests until enough have ended or none is left to start;
+        then sleep until enough have ended or the timeout passes."""
         def enough() -> bool:
             return self._pending == 0 or (resolved is not None and len(self._order) > resolved)
 
@@ -237,42 +234,6 @@ class BatchFuture(IoFuture):
                     self._cond.wait(remaining)
                 finally:
                     self._waiters -= 1
-
-    def done(self) -> bool:
-        return self._pending == 0
-
-    def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
-        self._wait(timeout)
-        if self._pending:
-            raise TimeoutError(f"{self._pending} I/O requests still in flight")
-        return list(self._values)  # type: ignore[arg-type]
-
-    def result(self, timeout: Optional[float] = None) -> List[int]:
-        out = self.outcomes(timeout)
-        for value in out:
-            if isinstance(value, BaseException):
-                raise value
-        return out  # type: ignore[return-value]
-
-    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        seen = 0
-        while True:
-            while seen < len(self._order):
-                index = self._order[seen]
-                seen += 1
-                yield index, self._values[index]  # type: ignore[misc]
-            if not self._pending:
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"{self._pending} I/O requests still in flight")
-            self._wait(remaining, resolved=seen)
-
-    def __await__(self) -> Generator[Any, None, List[int]]:
-        if not self.done():  # on an executor thread, which may run requests meanwhile
-            yield from asyncio.get_running_loop().run_in_executor(None, self._wait, None).__await__()
-        return self.result(0)
 
 
 def _transfer(request: IoRequest, call, view: memoryview, offset: int, need: int) -> None:

@@ -35,18 +35,17 @@ flight any more, so no buffer is released while the kernel may still write into 
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import os
 import select
 import threading
 import time
-from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import IoFuture, IoOp, IoRequest, check_buffers, request_error, usable
+from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, check_buffers, request_error, usable
 from gdskv.gds.iovec import Template
 
 _READ = IoOp.READ
@@ -59,10 +58,6 @@ _POLL_MS = 50
 #: are handed to the kernel while more are prepared: the device never waits on a long copy,
 #: and small requests still go in one system call per batch.
 _REFILL_BYTES = 1 << 20
-#: While a caller works through completed requests (:meth:`RingFuture.as_completed`), the
-#: ring is refilled from its backlog after every this many, so that the device does not run
-#: dry while a large batch is verified.
-_PUMP_EVERY = 16
 #: Direct transfers larger than this go to the kernel as several entries of this size:
 #: large enough that a KV block of a few MiB is one entry (the block layer still cuts it to
 #: the device's ``max_sectors_kb``), small enough that a batch of large values ends evenly
@@ -79,37 +74,25 @@ SMALL_READ = 16 << 10
 READ_INFLIGHT_BYTES = 8 << 20
 
 
-class RingFuture(IoFuture):
-    """Completion of one batch submitted to a :class:`Ring`; waiting drives the ring."""
+class RingFuture(DrivenFuture):
+    """Completion of one batch submitted to a :class:`Ring`; waiting drives the ring, and so
+    does going through its completed requests (the ring is refilled from its backlog)."""
 
     def __init__(self, ring: "Ring", count: int) -> None:
+        super().__init__(count)
         self._ring = ring
-        self._values: List[Union[int, BaseException, None]] = [None] * count
-        self._pending = count
-        self._order: List[int] = []  # indices in the order they resolved
 
     def _resolve(self, index: int, value: Union[int, BaseException]) -> None:
         self._values[index] = value
         self._pending -= 1
         self._order.append(index)
 
-    def as_completed(self, timeout: Optional[float] = None) -> Iterator[Tuple[int, Union[int, BaseException]]]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        seen = 0
-        ring = self._ring
-        while True:
-            while seen < len(self._order):
-                index = self._order[seen]
-                seen += 1
-                yield index, self._values[index]  # type: ignore[misc]
-                if not seen % _PUMP_EVERY and ring._backlog:
-                    ring.wait(self, 0)  # refill the ring while the caller works through what is done
-            if not self._pending:
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"{self._pending} I/O requests still in flight")
-            self._ring.wait(self, remaining, resolved=seen)
+    def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
+        self._ring.wait(self, timeout, resolved)
+
+    def _progress(self) -> None:
+        if self._ring._backlog:
+            self._ring.wait(self, 0)
 
     def done(self) -> bool:
         """Whether :meth:`result` returns (or raises) without waiting; never raises."""
@@ -119,26 +102,6 @@ class RingFuture(IoFuture):
             except StoreClosedError:  # the ring cannot finish it: result() raises that at once
                 return True
         return self._pending == 0
-
-    def outcomes(self, timeout: Optional[float] = None) -> List[Union[int, BaseException]]:
-        if self._pending:
-            self._ring.wait(self, timeout)
-        if self._pending:
-            raise TimeoutError(f"{self._pending} I/O requests still in flight")
-        return list(self._values)  # type: ignore[arg-type]
-
-    def result(self, timeout: Optional[float] = None) -> List[int]:
-        out = self.outcomes(timeout)
-        for value in out:
-            if isinstance(value, BaseException):
-                raise value
-        return out  # type: ignore[return-value]
-
-    def __await__(self) -> Generator[Any, None, List[int]]:
-        if not self.done():
-            loop = asyncio.get_running_loop()
-            yield from loop.run_in_executor(None, self._ring.wait, self, None).__await__()
-        return self.result(0)
 
 
 class _Req:
