@@ -24,13 +24,14 @@ too, so threads that come and go do not each keep one).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import ctypes
-import itertools
+import errno
 import os
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
@@ -41,6 +42,8 @@ from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, 
 CHUNK_BYTES = 4 << 20
 #: Largest aligned span (bytes) of a read that goes through a thread's small staging.
 SMALL_READ = 16 << 10
+#: Longest a waiter on a batch sleeps before it looks at the batch again.
+_RECHECK_S = 0.05
 
 
 class PsyncEngine(IoEngine):
@@ -73,7 +76,7 @@ class PsyncEngine(IoEngine):
         with self._lock:
             if self._closed:
                 raise StoreClosedError("I/O engine is closed", engine=self.name)
-            future = BatchFuture(self._execute, requests)
+            future = BatchFuture(self._execute, requests, self._pool.submit)
             for _ in range(min(self.threads, len(requests))):
                 self._pool.submit(future.work)
             return future
@@ -111,15 +114,19 @@ class PsyncEngine(IoEngine):
         """A read of at most :data:`SMALL_READ` bytes' aligned span ``[lo, ...)`` on an
         O_DIRECT file, aligned or not: through this thread's small staging buffer, then one
         copy (cheaper at a few pages than checking the caller's alignment, as in the
-        ``uring`` engine's small reads)."""
-        staging = getattr(self._local, "small", None)
+        ``uring`` engine's small reads). The buffer is out of the thread's slot while in use:
+        a read that a signal handler starts meanwhile in the same thread gets its own."""
+        local = self._local
+        staging = getattr(local, "small", None)
+        local.small = None
         if staging is None:
-            staging = self._local.small = alloc_aligned(SMALL_READ, huge=False).view  # freed with the thread
+            staging = alloc_aligned(SMALL_READ, huge=False).view  # freed with the thread
         dst = request.buffers[0]
         need = end - lo
         _transfer(request, os.preadv, staging[: -(-need // DIRECT_ALIGN) * DIRECT_ALIGN], lo, need)
         skip = request.offset - lo
         dst[:] = staging[skip : skip + dst.nbytes]
+        local.small = staging
         return dst.nbytes
 
     def _execute_bounced(self, request: IoRequest) -> int:
@@ -177,63 +184,157 @@ class PsyncEngine(IoEngine):
 class BatchFuture(DrivenFuture):
     """A batch of requests run by whichever threads call :meth:`work`: the engine's pool
     tasks, and a caller waiting with no timeout (``result()``, ``outcomes()``,
-    ``as_completed()``, ``await``), which runs requests not yet started instead of
-    sleeping. Each request runs exactly once, on one thread; its outcome (byte count or
-    exception) is recorded under a lock and wakes the waiters."""
+    ``as_completed()``), which runs requests not yet started instead of sleeping. Each
+    request's outcome (byte count or exception) is recorded once, under a lock, and wakes
+    the waiters; ``await`` is woken by the thread that ends the batch.
 
-    def __init__(self, run: Callable[[IoRequest], int], requests: Sequence[IoRequest]) -> None:
+    A signal handler that raises in a caller running a request (Ctrl-C: only the main
+    thread runs handlers) interrupts that caller, not the batch: the request is handed back
+    and runs again on a pool thread (reads and writes at a fixed offset can be repeated), or,
+    once the engine is closed and its pool gone, fails with an :class:`IoError` (EINTR)
+    (see :meth:`work`). Waiters also look again every :data:`_RECHECK_S` seconds, so a
+    wake-up that a handler cut short delays them at most that long."""
+
+    def __init__(
+        self, run: Callable[[IoRequest], int], requests: Sequence[IoRequest], respawn: Callable[[Callable[[], None]], object]
+    ) -> None:
         super().__init__(len(requests))
         self._run = run
         self._requests = list(requests)
-        self._next = itertools.count()  # next() is atomic: each index is taken once
-        self._cond = threading.Condition(threading.Lock())
+        self._respawn = respawn  # starts one more pool task; raises RuntimeError once the pool is shut down
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._next = 0  # the first request not yet taken
+        self._handed_back: List[int] = []  # taken by an interrupted caller: to run again
+        self._claims: Dict[int, int] = {}  # thread ident -> the request it is running
         self._waiters = 0
+        self._on_done: List[Callable[[], None]] = []  # wakers of awaiting tasks
 
-    def work(self) -> None:
-        """Run requests not yet started until none is left."""
-        while self._run_one():
-            pass
+    def work(self, until: Optional[Callable[[], bool]] = None) -> None:
+        """Run requests not yet started until none is left (or ``until()`` is true).
 
-    def _run_one(self) -> bool:
+        A signal handler runs between two steps of Python code only where a function
+        starts, a call returns or a loop goes round. A request taken is noted as this
+        thread's claim before the lock that took it is left, and the claim is dropped in the
+        same step that publishes the outcome; if a handler raises in between (a ``KeyboardInterrupt``
+        in a caller running requests), the claim is handed back to run again: no request
+        is lost, and none runs twice."""
+        me = threading.get_ident()
+        try:
+            while not (until is not None and until()) and self._run_one(me):
+                pass
+        except BaseException:
+            index = self._claims.get(me)
+            if index is not None:
+                with self._lock:
+                    del self._claims[me]
+                    self._handed_back.append(index)
+                self._restart()
+            raise
+
+    def _run_one(self, me: int) -> bool:
         """Run the next request not yet started; False when none is left."""
-        index = next(self._next)
-        if index >= len(self._requests):
-            return False
+        with self._lock:
+            if self._handed_back:
+                index = self._handed_back[-1]
+                del self._handed_back[-1]
+            else:
+                index = self._next
+                if index >= len(self._requests):
+                    return False
+                self._next = index + 1
+            self._claims[me] = index
         value: Union[int, BaseException]
         try:
             value = self._run(self._requests[index])
-        except BaseException as exc:  # noqa: BLE001 - the request's outcome; never lost
+        except Exception as exc:  # noqa: BLE001 - the request's outcome
             value = exc
-        with self._cond:
-            self._values[index] = value
-            self._order.append(index)
+        with self._lock:
+            del self._claims[me]
             self._pending -= 1
+            self._values[index] = value
+            self._order.append(index)  # the outcome is published: the claim is gone with it
+            wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
             if self._waiters:
                 self._cond.notify_all()
-        if not isinstance(value, Exception) and isinstance(value, BaseException):
-            raise value  # KeyboardInterrupt and the like, in the thread that ran it
+        for waker in wake:
+            waker()
         return True
+
+    def _restart(self) -> None:
+        """Have the requests handed back run again on a pool thread; once the engine is
+        closed (its pool gone), fail them with an :class:`IoError` (EINTR) instead."""
+        try:
+            self._respawn(self.work)
+            return
+        except RuntimeError:
+            pass
+        with self._lock:
+            while self._handed_back:
+                index = self._handed_back[-1]
+                request = self._requests[index]
+                error = IoError(f"{request.op.value} interrupted", path=request.path, offset=request.offset, errno=errno.EINTR)
+                del self._handed_back[-1]
+                self._pending -= 1
+                self._values[index] = error
+                self._order.append(index)
+            if self._waiters:
+                self._cond.notify_all()
+            wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
+        for waker in wake:
+            waker()
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
         """Without a timeout, run requests until enough have ended or none is left to start;
-        then sleep until enough have ended or the timeout passes."""
+        then sleep until enough have ended or the timeout passes, looking again every
+        :data:`_RECHECK_S` (and restarting requests an interrupted caller handed back)."""
         def enough() -> bool:
             return self._pending == 0 or (resolved is not None and len(self._order) > resolved)
 
         if timeout is None:
-            while not enough() and self._run_one():
-                pass
+            self.work(until=enough)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not enough():
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+        while True:
+            with self._lock:
+                if enough():
+                    return
+                remaining = _RECHECK_S if deadline is None else min(_RECHECK_S, deadline - time.monotonic())
+                if remaining <= 0:
                     return
                 self._waiters += 1
                 try:
                     self._cond.wait(remaining)
                 finally:
                     self._waiters -= 1
+                orphaned = bool(self._handed_back) and not enough()
+            if orphaned:
+                self._restart()
+
+    def __await__(self) -> Generator[Any, None, List[int]]:
+        """Wait without holding a thread: the thread that records the batch's last outcome
+        wakes the awaiting task (which also looks again every :data:`_RECHECK_S`).
+        Cancelling that task stops the wait, not the requests."""
+        if self._pending:
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+
+            def wake() -> None:
+                try:
+                    loop.call_soon_threadsafe(_set_done, waiter)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    pass
+
+            with self._lock:
+                if self._pending:
+                    self._on_done.append(wake)
+            while self._pending:
+                yield from asyncio.wait([waiter], timeout=_RECHECK_S).__await__()
+        return self.result(0)
+
+
+def _set_done(waiter: "asyncio.Future[None]") -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _transfer(request: IoRequest, call, view: memoryview, offset: int, need: int) -> None:
