@@ -50,7 +50,7 @@ def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
     if "fio-" in out:  # with fio, the header says where its buffers live and every row carries a ratio
         assert "# fio buffers: on huge pages" in out or "# fio buffers: on 4 KiB pages" in out
         assert all(has_ratio(r) for r in rows)
-        assert "# psync runs at most 5 4 KiB reads at a time" in out and "Against fio's psync engine with 5 jobs" in out
+        assert "# psync runs at most 4 4 KiB reads at a time here" in out and "Against fio's psync engine with 4 jobs" in out
 
 
 def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):

@@ -4,9 +4,9 @@ Both calls release the GIL, so a batch of N requests runs on up to ``threads`` c
 disk queues at once. A batch of one request runs inline in the caller's thread (a hop to the
 pool would only add latency). A larger batch is one :class:`BatchFuture`: ``min(threads, N)``
 pool tasks each take the next request not yet started until none is left, and a caller
-waiting without a timeout takes requests too, so a batch costs a few pool hand-offs rather
-than one per request (on the test VM, 4 KiB reads cost 64 us of CPU each with a pool task
-per request). Short transfers are retried from where they stopped; a
+waiting without a timeout takes requests too (unless it is the main thread, where Ctrl-C
+lands), so a batch costs a few pool hand-offs rather than one per request (on the test VM,
+4 KiB reads cost 64 us of CPU each with a pool task per request). Short transfers are retried from where they stopped; a
 transfer that makes no progress (EOF on read) raises :class:`IoError`.
 
 Each completed buffered write starts write-back of its range at once (Linux
@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ctypes
-import errno
 import os
+import queue
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
+from typing import Any, Callable, Generator, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
@@ -42,8 +42,9 @@ from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, 
 CHUNK_BYTES = 4 << 20
 #: Largest aligned span (bytes) of a read that goes through a thread's small staging.
 SMALL_READ = 16 << 10
-#: Longest a waiter on a batch sleeps before it looks at the batch again.
-_RECHECK_S = 0.05
+#: Longest a waiter on a batch sleeps before it looks at the batch again (a safety net:
+#: the thread that records an outcome wakes the waiters).
+_RECHECK_S = 0.5
 
 
 class PsyncEngine(IoEngine):
@@ -76,7 +77,7 @@ class PsyncEngine(IoEngine):
         with self._lock:
             if self._closed:
                 raise StoreClosedError("I/O engine is closed", engine=self.name)
-            future = BatchFuture(self._execute, requests, self._pool.submit)
+            future = BatchFuture(self._execute, requests)
             for _ in range(min(self.threads, len(requests))):
                 self._pool.submit(future.work)
             return future
@@ -183,137 +184,82 @@ class PsyncEngine(IoEngine):
 
 class BatchFuture(DrivenFuture):
     """A batch of requests run by whichever threads call :meth:`work`: the engine's pool
-    tasks, and a caller waiting with no timeout (``result()``, ``outcomes()``,
-    ``as_completed()``), which runs requests not yet started instead of sleeping. Each
-    request's outcome (byte count or exception) is recorded once, under a lock, and wakes
-    the waiters; ``await`` is woken by the thread that ends the batch.
+    tasks, and a thread other than the main one that waits on the batch with no timeout
+    (``result()``, ``outcomes()``, ``as_completed()``): it runs requests not yet started
+    instead of sleeping. Each request runs once; its outcome (byte count or exception,
+    whatever the request raised, as a pool future would hold it) is recorded under a lock
+    and wakes the waiters; ``await`` is woken by the thread that ends the batch.
 
-    A signal handler that raises in a caller running a request (Ctrl-C: only the main
-    thread runs handlers) interrupts that caller, not the batch: the request is handed back
-    and runs again on a pool thread (reads and writes at a fixed offset can be repeated), or,
-    once the engine is closed and its pool gone, fails with an :class:`IoError` (EINTR)
-    (see :meth:`work`). Waiters also look again every :data:`_RECHECK_S` seconds, so a
-    wake-up that a handler cut short delays them at most that long."""
+    The main thread only sleeps while it waits. Signal handlers run there (Ctrl-C), and one
+    that raises interrupts the wait, never a request half done: the batch goes on, on the
+    pool. The sleep is a blocking ``get`` on a queue (C code), not a ``Condition`` over the
+    lock, whose Python-level release and re-acquire a raising handler can leave unbalanced.
+    """
 
-    def __init__(
-        self, run: Callable[[IoRequest], int], requests: Sequence[IoRequest], respawn: Callable[[Callable[[], None]], object]
-    ) -> None:
+    def __init__(self, run: Callable[[IoRequest], int], requests: Sequence[IoRequest]) -> None:
         super().__init__(len(requests))
         self._run = run
         self._requests = list(requests)
-        self._respawn = respawn  # starts one more pool task; raises RuntimeError once the pool is shut down
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._next = 0  # the first request not yet taken
-        self._handed_back: List[int] = []  # taken by an interrupted caller: to run again
-        self._claims: Dict[int, int] = {}  # thread ident -> the request it is running
+        self._bell: "queue.SimpleQueue[None]" = queue.SimpleQueue()  # one token per waiter to wake
         self._waiters = 0
         self._on_done: List[Callable[[], None]] = []  # wakers of awaiting tasks
 
     def work(self, until: Optional[Callable[[], bool]] = None) -> None:
-        """Run requests not yet started until none is left (or ``until()`` is true).
-
-        A signal handler runs between two steps of Python code only where a function
-        starts, a call returns or a loop goes round. A request taken is noted as this
-        thread's claim before the lock that took it is left, and the claim is dropped in the
-        same step that publishes the outcome; if a handler raises in between (a ``KeyboardInterrupt``
-        in a caller running requests), the claim is handed back to run again: no request
-        is lost, and none runs twice."""
-        me = threading.get_ident()
-        try:
-            while not (until is not None and until()) and self._run_one(me):
-                pass
-        except BaseException:
-            index = self._claims.get(me)
-            if index is not None:
-                with self._lock:
-                    del self._claims[me]
-                    self._handed_back.append(index)
-                self._restart()
-            raise
-
-    def _run_one(self, me: int) -> bool:
-        """Run the next request not yet started; False when none is left."""
-        with self._lock:
-            if self._handed_back:
-                index = self._handed_back[-1]
-                del self._handed_back[-1]
-            else:
+        """Run requests not yet started until none is left (or ``until()`` is true)."""
+        while until is None or not until():
+            with self._lock:
                 index = self._next
                 if index >= len(self._requests):
-                    return False
+                    return
                 self._next = index + 1
-            self._claims[me] = index
-        value: Union[int, BaseException]
-        try:
-            value = self._run(self._requests[index])
-        except Exception as exc:  # noqa: BLE001 - the request's outcome
-            value = exc
-        with self._lock:
-            del self._claims[me]
-            self._pending -= 1
-            self._values[index] = value
-            self._order.append(index)  # the outcome is published: the claim is gone with it
-            wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
-            if self._waiters:
-                self._cond.notify_all()
-        for waker in wake:
-            waker()
-        return True
-
-    def _restart(self) -> None:
-        """Have the requests handed back run again on a pool thread; once the engine is
-        closed (its pool gone), fail them with an :class:`IoError` (EINTR) instead."""
-        try:
-            self._respawn(self.work)
-            return
-        except RuntimeError:
-            pass
-        with self._lock:
-            while self._handed_back:
-                index = self._handed_back[-1]
-                request = self._requests[index]
-                error = IoError(f"{request.op.value} interrupted", path=request.path, offset=request.offset, errno=errno.EINTR)
-                del self._handed_back[-1]
-                self._pending -= 1
-                self._values[index] = error
+            value: Union[int, BaseException]
+            try:
+                value = self._run(self._requests[index])
+            except BaseException as exc:  # noqa: BLE001 - the request's outcome, never lost
+                value = exc
+            with self._lock:
+                self._values[index] = value
                 self._order.append(index)
-            if self._waiters:
-                self._cond.notify_all()
-            wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
-        for waker in wake:
-            waker()
+                self._pending -= 1
+                ring = self._waiters
+                wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
+            for _ in range(ring):
+                self._bell.put(None)
+            for waker in wake:
+                waker()
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
-        """Without a timeout, run requests until enough have ended or none is left to start;
-        then sleep until enough have ended or the timeout passes, looking again every
-        :data:`_RECHECK_S` (and restarting requests an interrupted caller handed back)."""
+        """Outside the main thread and without a timeout, run requests until enough have
+        ended or none is left to start; then sleep until enough have ended or the timeout
+        passes (looking again every :data:`_RECHECK_S` in any case)."""
         def enough() -> bool:
             return self._pending == 0 or (resolved is not None and len(self._order) > resolved)
 
-        if timeout is None:
+        if timeout is None and threading.current_thread() is not threading.main_thread():
             self.work(until=enough)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        while not enough():
+            remaining = _RECHECK_S if deadline is None else min(_RECHECK_S, deadline - time.monotonic())
+            if remaining <= 0:
+                return
             with self._lock:
-                if enough():
-                    return
-                remaining = _RECHECK_S if deadline is None else min(_RECHECK_S, deadline - time.monotonic())
-                if remaining <= 0:
-                    return
                 self._waiters += 1
+            try:
+                if enough():  # ended between the check above and the registration
+                    return
                 try:
-                    self._cond.wait(remaining)
-                finally:
+                    self._bell.get(timeout=remaining)
+                except queue.Empty:
+                    pass
+            finally:
+                with self._lock:
                     self._waiters -= 1
-                orphaned = bool(self._handed_back) and not enough()
-            if orphaned:
-                self._restart()
 
     def __await__(self) -> Generator[Any, None, List[int]]:
         """Wait without holding a thread: the thread that records the batch's last outcome
-        wakes the awaiting task (which also looks again every :data:`_RECHECK_S`).
-        Cancelling that task stops the wait, not the requests."""
+        wakes the awaiting task. Cancelling that task stops the wait, not the requests."""
         if self._pending:
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()

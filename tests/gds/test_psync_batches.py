@@ -1,5 +1,6 @@
 """psync batches: pool tasks take requests until none is left, and a caller waiting without a
-timeout runs requests too; every request runs exactly once."""
+timeout runs requests too, unless it is the main thread (where Ctrl-C lands); every request
+runs exactly once."""
 
 from __future__ import annotations
 
@@ -58,27 +59,33 @@ def test_a_batch_runs_each_request_once_on_at_most_its_threads(tmp_path, calls, 
 
 
 def test_a_caller_waiting_runs_the_requests_the_pool_has_not_started(tmp_path, calls):
-    """With the pool's one thread stuck on a slow read, as_completed() still yields the
-    other requests of the batch: the waiting caller ran them."""
+    """With the pool's one thread stuck on a slow read, as_completed() in a thread other than
+    the main one still yields the other requests of the batch: that caller ran them."""
     path = tmp_path / "data"
     path.write_bytes(block(2, 3 * 4096))
     engine = PsyncEngine(threads=1)
     fd = os.open(path, os.O_RDONLY)
     timer = threading.Timer(5, calls.release.set)  # ends the test on an engine that does not
     timer.start()
-    try:
-        outs = [bytearray(4096) for _ in range(3)]
+    outs = [bytearray(4096) for _ in range(3)]
+    early = []
+
+    def caller():
         future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
-        early = []
         for index, outcome in future.as_completed():
             assert outcome == 4096
             if not calls.release.is_set():
                 early.append(index)
             if len(early) == 2:
                 calls.release.set()
-        assert len(early) == 2 and future.outcomes(timeout=10) == [4096] * 3
+        assert future.outcomes(timeout=10) == [4096] * 3
+
+    try:
+        thread = threading.Thread(target=caller, name="caller")
+        thread.start()
+        thread.join(10)
+        assert len(early) == 2 and calls.counts["caller"] == 2
         assert b"".join(outs) == block(2, 3 * 4096)
-        assert calls.counts[threading.current_thread().name] == 2
     finally:
         timer.cancel()
         calls.release.set()
@@ -123,29 +130,19 @@ def alarm():
     signal.signal(signal.SIGALRM, old)
 
 
-def test_a_signal_in_a_caller_running_a_request_interrupts_the_caller_not_the_batch(tmp_path, calls, monkeypatch, alarm):
-    """Ctrl-C while result() runs a request in the caller's thread: result() raises it; the
-    request runs again on the pool, and the batch ends with every byte count (before, the
-    interrupt became the request's outcome, raised in every thread waiting on the batch)."""
-    import time
-
+def test_a_signal_in_the_main_thread_interrupts_its_wait_not_the_batch(tmp_path, calls, alarm):
+    """Ctrl-C while the main thread waits on a batch: result() raises it, and the batch goes
+    on on the pool and ends with every byte count (the main thread runs no request, so no
+    interrupt can cut one short or become its outcome)."""
     path = tmp_path / "data"
     path.write_bytes(block(4, 4 * 4096))
     engine = PsyncEngine(threads=1)
     fd = os.open(path, os.O_RDONLY)
-    counted = os.preadv
-
-    def slow_in_the_caller(fd_, buffers, offset, *args):
-        if threading.current_thread() is threading.main_thread():
-            time.sleep(2)  # the alarm lands here
-        return counted(fd_, buffers, offset, *args)
-
-    monkeypatch.setattr(os, "preadv", slow_in_the_caller)
     outs = [bytearray(4096) for _ in range(4)]
     try:
         future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
         others = []
-        waiter = threading.Thread(target=lambda: others.append(future.outcomes()))
+        waiter = threading.Thread(target=lambda: others.append(future.outcomes(timeout=10)))
         waiter.start()
         alarm(0.2)
         with pytest.raises(Interrupted):
@@ -154,43 +151,31 @@ def test_a_signal_in_a_caller_running_a_request_interrupts_the_caller_not_the_ba
         waiter.join(10)
         assert others == [[4096] * 4] and future.result(timeout=10) == [4096] * 4
         assert b"".join(outs) == block(4, 4 * 4096)
+        assert calls.counts[threading.main_thread().name] == 0
     finally:
         calls.release.set()
         os.close(fd)
         engine.close()
 
 
-def test_a_request_interrupted_once_the_pool_is_gone_fails_with_eintr(tmp_path, monkeypatch, alarm):
-    """The engine closed (its pool shut down) while the caller runs a request, then the
-    caller is interrupted: nobody can run that request again, so it fails, and the batch ends."""
-    import errno
-    import time
-
-    from gdskv.errors import IoError
-
+def test_any_exception_a_request_raises_is_its_outcome_and_the_batch_goes_on(tmp_path, monkeypatch):
+    """Even one that is not an Exception (SystemExit) is recorded as that request's
+    outcome, as a pool future holds it; the other requests still run."""
     path = tmp_path / "data"
     path.write_bytes(block(5, 4 * 4096))
-    engine = PsyncEngine(threads=1)
+    engine = PsyncEngine(threads=2)
     fd = os.open(path, os.O_RDONLY)
     real = os.preadv
 
-    def slow(fd_, buffers, offset, *args):
-        time.sleep(2 if threading.current_thread() is threading.main_thread() else 0.1)
+    def exiting(fd_, buffers, offset, *args):
+        if offset == 4096:
+            raise SystemExit("a request that exits")
         return real(fd_, buffers, offset, *args)
 
-    monkeypatch.setattr(os, "preadv", slow)
+    monkeypatch.setattr(os, "preadv", exiting)
     try:
-        future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(4)])
-        closer = threading.Thread(target=engine.close)  # returns once the pool has run the rest
-        closer.start()
-        alarm(0.8)
-        with pytest.raises(Interrupted):
-            future.result()
-        closer.join(10)
-        outcomes = future.outcomes(timeout=10)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        assert len(failed) == 1 and isinstance(failed[0], IoError) and failed[0].context["errno"] == errno.EINTR
-        assert outcomes.count(4096) == 3
+        outcomes = engine.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(4)]).outcomes(timeout=10)
+        assert isinstance(outcomes[1], SystemExit) and [outcomes[i] for i in (0, 2, 3)] == [4096] * 3
     finally:
         os.close(fd)
         engine.close()
