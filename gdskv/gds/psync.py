@@ -6,8 +6,9 @@ pool would only add latency). A larger batch is one :class:`BatchFuture`: ``min(
 pool tasks each take the next request not yet started until none is left, and a caller
 waiting without a timeout takes requests too (unless it is the main thread, where Ctrl-C
 lands), so a batch costs a few pool hand-offs rather than one per request (on the test VM,
-4 KiB reads cost 64 us of CPU each with a pool task per request). Short transfers are retried from where they stopped; a
-transfer that makes no progress (EOF on read) raises :class:`IoError`.
+4 KiB reads cost 64 us of CPU each with a pool task per request). Short transfers are
+retried from where they stopped; a transfer that makes no progress (EOF on read) raises
+:class:`IoError`.
 
 Each completed buffered write starts write-back of its range at once (Linux
 ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, asynchronous), so the device is busy while later
