@@ -193,8 +193,9 @@ class BatchFuture(DrivenFuture):
 
     The main thread only sleeps while it waits. Signal handlers run there (Ctrl-C), and one
     that raises interrupts the wait, never a request half done: the batch goes on, on the
-    pool. The sleep is a blocking ``get`` on a queue (C code), not a ``Condition`` over the
-    lock, whose Python-level release and re-acquire a raising handler can leave unbalanced.
+    pool. The sleep is a blocking ``get`` on a queue of the waiter's own (C code), not a
+    ``Condition`` over the lock, whose Python-level release and re-acquire a raising handler
+    can leave unbalanced; each outcome puts a token in the queue of every waiter asleep.
     """
 
     def __init__(self, run: Callable[[IoRequest], int], requests: Sequence[IoRequest]) -> None:
@@ -203,8 +204,7 @@ class BatchFuture(DrivenFuture):
         self._requests = list(requests)
         self._lock = threading.Lock()
         self._next = 0  # the first request not yet taken
-        self._bell: "queue.SimpleQueue[None]" = queue.SimpleQueue()  # one token per waiter to wake
-        self._waiters = 0
+        self._bells: List["queue.SimpleQueue[None]"] = []  # one per sleeping waiter: a token wakes it
         self._on_done: List[Callable[[], None]] = []  # wakers of awaiting tasks
 
     def work(self, until: Optional[Callable[[], bool]] = None) -> None:
@@ -224,10 +224,10 @@ class BatchFuture(DrivenFuture):
                 self._values[index] = value
                 self._order.append(index)
                 self._pending -= 1
-                ring = self._waiters
+                bells = list(self._bells) if self._bells else ()
                 wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
-            for _ in range(ring):
-                self._bell.put(None)
+            for bell in bells:
+                bell.put(None)
             for waker in wake:
                 waker()
 
@@ -241,22 +241,26 @@ class BatchFuture(DrivenFuture):
         if timeout is None and threading.current_thread() is not threading.main_thread():
             self.work(until=enough)
         deadline = None if timeout is None else time.monotonic() + timeout
+        bell: "queue.SimpleQueue[None]" = queue.SimpleQueue()  # this waiter's own: no other takes its tokens
         while not enough():
             remaining = _RECHECK_S if deadline is None else min(_RECHECK_S, deadline - time.monotonic())
             if remaining <= 0:
                 return
-            with self._lock:
-                self._waiters += 1
             try:
+                with self._lock:
+                    self._bells.append(bell)
                 if enough():  # ended between the check above and the registration
                     return
                 try:
-                    self._bell.get(timeout=remaining)
+                    bell.get(timeout=remaining)
                 except queue.Empty:
                     pass
             finally:
+                # (A handler that raises right after the append, or while this waits for the
+                # lock, leaves the bell listed: it then only collects this batch's tokens.)
                 with self._lock:
-                    self._waiters -= 1
+                    if bell in self._bells:
+                        self._bells.remove(bell)
 
     def __await__(self) -> Generator[Any, None, List[int]]:
         """Wait without holding a thread: the thread that records the batch's last outcome

@@ -261,3 +261,72 @@ def test_a_small_read_started_by_a_signal_handler_does_not_share_the_interrupted
         engine.close()
     assert len(handled) > 50 and reads > 1000
     assert wrong == 0
+
+
+def test_each_waiter_is_woken_by_the_outcome_it_waits_for(tmp_path, monkeypatch):
+    """A waiter for one more outcome (as_completed) and a waiter for all of them (result) on
+    one batch: each outcome wakes both at once (before, the second could take the first's
+    wake-up, which then slept until its next look)."""
+    import time
+
+    path = tmp_path / "data"
+    path.write_bytes(block(7, 4 * 4096))
+    engine = PsyncEngine(threads=1)
+    fd = os.open(path, os.O_RDONLY)
+    real = os.preadv
+    ended = {}
+
+    def slow(fd_, buffers, offset, *args):
+        time.sleep(0.6)
+        n = real(fd_, buffers, offset, *args)
+        ended[offset // 4096] = time.monotonic()
+        return n
+
+    monkeypatch.setattr(os, "preadv", slow)
+    try:
+        future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(4)])
+        other = threading.Thread(target=lambda: future.result(timeout=30))
+        other.start()
+        late = [time.monotonic() - ended[index] for index, _ in future.as_completed()]
+        other.join(30)
+        assert len(late) == 4 and max(late) < 0.2, late
+    finally:
+        os.close(fd)
+        engine.close()
+
+
+def test_signals_raising_in_a_waiting_main_thread_leave_no_waiter_registered(tmp_path):
+    """A handler raising again and again while the main thread waits: every wait it cuts
+    short unregisters, and the batch ends with every byte count."""
+    import signal
+
+    path = tmp_path / "data"
+    path.write_bytes(block(8, 64 * 4096))
+    engine = PsyncEngine(threads=2)
+    fd = os.open(path, os.O_RDONLY)
+    armed = [True]
+    interrupted = 0
+
+    def handler(signum, frame):  # interrupts the engine's code only, not this test's loop
+        if armed[0] and "/gdskv/" in frame.f_code.co_filename:
+            raise Interrupted()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        future = engine.submit([IoRequest.read(fd, (i % 64) * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(3000)])
+        signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)
+        while future._pending:
+            try:
+                future.result()
+            except Interrupted:
+                interrupted += 1
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert future.outcomes(timeout=30) == [4096] * 3000
+        assert interrupted > 10 and not future._bells
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        os.close(fd)
+        engine.close()
