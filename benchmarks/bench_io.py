@@ -12,9 +12,8 @@ For each engine x backend, through the backend API (the layer that puts objects 
   the random batches are drawn before the clock starts (fio draws its offsets at no cost
   worth counting), so the time is gdskv's reading and verifying. The ``psync`` engine runs
   as many reads at once as it has threads (the waiting caller here is the main thread,
-  which runs none): after the table its
-  4 KiB figures are also compared, without a target, with fio's ``psync`` engine running
-  that many jobs.
+  which runs none): after the table its 4 KiB figures are also compared, without a
+  target, with fio's ``psync`` engine running that many jobs.
 
 In the same run fio measures the same block size, queue depth and filesystem (io_uring,
 O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio of fio's:
