@@ -45,6 +45,10 @@ DIRECT_ALIGN = 4096
 HUGE_PAGE = 2 << 20
 #: Most iovecs one vectored call accepts (Linux IOV_MAX).
 IOV_MAX = 1024
+#: Largest aligned span (bytes) of a read that the engines move through a small staging
+#: buffer and copy out, aligned or not: at a few pages the copy costs less than checking the
+#: caller's alignment and having the kernel map its pages.
+SMALL_READ = 16 << 10
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 O_NOATIME = getattr(os, "O_NOATIME", 0)
 

@@ -35,14 +35,12 @@ import time
 from typing import Any, Callable, Generator, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
+from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, check_buffers, request_error
 
 #: Default staging chunk of each thread for unaligned O_DIRECT requests.
 CHUNK_BYTES = 4 << 20
-#: Largest aligned span (bytes) of a read that goes through a thread's small staging.
-SMALL_READ = 16 << 10
 #: Longest a waiter on a batch sleeps before it looks at the batch again (a safety net:
 #: the thread that records an outcome wakes the waiters).
 _RECHECK_S = 0.5
@@ -113,10 +111,9 @@ class PsyncEngine(IoEngine):
             raise request_error(request, request.offset, exc) from exc
 
     def _read_small(self, request: IoRequest, lo: int, end: int) -> int:
-        """A read of at most :data:`SMALL_READ` bytes' aligned span ``[lo, ...)`` on an
-        O_DIRECT file, aligned or not: through this thread's small staging buffer, then one
-        copy (cheaper at a few pages than checking the caller's alignment, as in the
-        ``uring`` engine's small reads). The buffer is out of the thread's slot while in use:
+        """A read whose aligned span ``[lo, ...)`` is at most
+        :data:`~gdskv.gds.aligned.SMALL_READ` bytes, on an O_DIRECT file, aligned or not:
+        through this thread's small staging buffer, then one copy. The buffer is out of the thread's slot while in use:
         a read that a signal handler starts meanwhile in the same thread gets its own."""
         local = self._local
         staging = getattr(local, "small", None)

@@ -43,7 +43,7 @@ import time
 from typing import Any, Deque, Dict, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
+from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, check_buffers, request_error, usable
 from gdskv.gds.iovec import Template
@@ -65,8 +65,6 @@ _REFILL_BYTES = 1 << 20
 #: (2 MiB) and 11% (16 MiB) faster split at 4 MiB than at 1 MiB on the test VM, whose disk
 #: takes 4 MiB requests; reads were within 3%).
 SPLIT_BYTES = 4 << 20
-#: Largest aligned span (bytes) of a read handled as a :class:`_Small` read.
-SMALL_READ = 16 << 10
 #: Default cap on the bytes of large reads (anything but small reads) in flight on one
 #: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond), and on the
 #: test VM's virtual disk random 2 MiB reads ran 7-25% faster with 8 MiB in flight than
