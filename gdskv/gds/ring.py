@@ -27,6 +27,16 @@ are reaped with ``CqeIter`` (one entry at a time, ``cqe[0]``). The ``liburing`` 
 holds the GIL inside blocking calls, so the ring never blocks in it: waiting is a
 ``poll()`` on the ring's file descriptor, which releases the GIL.
 
+Entries are prepared in a scratch ``Sqe`` and copied into the submission queue by one call
+(``put_sqe``): an entry is never taken from the queue without being prepared, even if an
+exception (a signal handler raising in the main thread) cuts the work short, so the kernel
+never sees a stale entry. Such an exception can still leave the ring's bookkeeping half
+done (an op taken from the backlog but not issued, a completion consumed but not handled).
+The ring then stops issuing until the kernel holds none of its entries (as many
+completions consumed as entries put), and rebuilds its state from what is left
+(:meth:`Ring._repair`): the requests whose work was lost end with :class:`IoError`, their
+staging slots come back, and the rest of the backlog goes on.
+
 A short transfer is resumed where it stopped; a transfer that makes no progress before the
 bytes the caller asked for raises :class:`IoError` with path, offset and lengths, as does
 any error the kernel returns. A request's future resolves only once none of its ops is in
@@ -36,10 +46,12 @@ flight any more, so no buffer is released while the kernel may still write into 
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import select
 import threading
 import time
+import weakref
 from typing import Any, Deque, Dict, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
@@ -72,13 +84,22 @@ SPLIT_BYTES = 4 << 20
 READ_INFLIGHT_BYTES = 8 << 20
 
 
+def _lost(request: IoRequest, offset: int) -> IoError:
+    """The error of a request whose work an exception cut short (see :meth:`Ring._repair`)."""
+    return IoError(
+        f"{request.op.value} abandoned: an exception (a signal handler's?) interrupted the I/O engine while it handled the request",
+        path=request.path, offset=offset, errno=errno.EINTR,  # says nothing of the file or its bytes
+    )
+
+
 class RingFuture(DrivenFuture):
     """Completion of one batch submitted to a :class:`Ring`; waiting drives the ring, and so
     does going through its completed requests (the ring is refilled from its backlog)."""
 
-    def __init__(self, ring: "Ring", count: int) -> None:
-        super().__init__(count)
+    def __init__(self, ring: "Ring", requests: Sequence[IoRequest]) -> None:
+        super().__init__(len(requests))
         self._ring = ring
+        self._requests = requests  # for the error of a request whose work was lost (Ring._repair)
 
     def _resolve(self, index: int, value: Union[int, BaseException]) -> None:
         self._values[index] = value
@@ -214,66 +235,86 @@ class Ring:
             except OSError:  # e.g. RLIMIT_MEMLOCK too small: plain vectored I/O on staging
                 self.fixed = False
         self._cqe = lib.Cqe()
+        #: Where each entry is prepared before ``put_sqe`` copies it into the queue.
+        self._sqe = lib.Sqe()
         self._backlog: Deque[Union[_Op, _Small]] = collections.deque()
         self._inflight: Dict[int, Union[_Op, _Small]] = {}
-        self._unsubmitted = 0
         self._unsubmitted_bytes = 0
         self._next_id = 1
+        #: Entries put into the submission queue and completions consumed, ever: equal when
+        #: the kernel holds nothing of this ring's.
+        self._put = 0
+        self._reaped = 0
+        #: An exception cut the bookkeeping short (see the module docstring); cleared by
+        #: :meth:`_repair`.
+        self._interrupted = False
+        #: Futures of this ring whose requests may not have ended (for :meth:`_repair`).
+        self._futures: "weakref.WeakSet[RingFuture]" = weakref.WeakSet()
         #: Bytes of O_DIRECT writes moved through staging (whole blocks), for ``describe()``.
         self.staged_write_bytes = 0
 
     # ------------------------------------------------------------------ submission
 
     def submit(self, requests: Sequence[IoRequest]) -> RingFuture:
-        future = RingFuture(self, len(requests))
-        direct_fds: Dict[int, bool] = {}  # one fcntl per file and batch, not per request
+        future = RingFuture(self, requests)
         with self._lock:
             if self.closed:
                 raise StoreClosedError("io_uring is closed")
             if self.broken:
                 raise IoError("io_uring is unusable after a failed submission")
-            backlog = self._backlog
-            small = self._small_read
-            for index, request in enumerate(requests):
-                buffers = request.buffers
-                if request.op is _READ and len(buffers) == 1:
-                    direct = request.direct
-                    if direct is None:
-                        direct = direct_fds.get(request.fd)
-                    if direct is None:
-                        try:
-                            direct = direct_fds[request.fd] = is_direct_fd(request.fd)
-                        except OSError as exc:
-                            future._resolve(index, request_error(request, request.offset, exc))
-                            continue
-                    dst = buffers[0]
-                    if direct and usable(dst, True) and dst.nbytes:  # unusable: check_buffers says why
-                        offset = request.offset
-                        lo = offset - offset % DIRECT_ALIGN
-                        hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
-                        if hi - lo <= small:
-                            backlog.append(_Small(future, index, request, dst, lo, hi))
-                            continue
-                req = _Req(future, index, request)
-                try:
-                    check_buffers(request)
-                    ops = self._plan(req, direct_fds)
-                except (OSError, ValueError, TypeError, BufferError, GdskvError) as exc:
-                    # This request fails alone; nothing of it is queued, the rest of the batch goes on.
-                    future._resolve(index, request_error(request, request.offset, exc))
-                    continue
-                if not ops:  # nothing to transfer, or less than a block past end of file
+            self._futures.add(future)
+            try:
+                self._submit_locked(future, requests)
+            except BaseException:
+                self._interrupted = True  # a plain store: no signal handler runs before it
+                raise
+        return future
+
+    def _submit_locked(self, future: RingFuture, requests: Sequence[IoRequest]) -> None:
+        """Queue the ops of ``requests`` (resolving at once the ones that fail or move
+        nothing) and start them. Lock held."""
+        direct_fds: Dict[int, bool] = {}  # one fcntl per file and batch, not per request
+        backlog = self._backlog
+        small = self._small_read
+        for index, request in enumerate(requests):
+            buffers = request.buffers
+            if request.op is _READ and len(buffers) == 1:
+                direct = request.direct
+                if direct is None:
+                    direct = direct_fds.get(request.fd)
+                if direct is None:
                     try:
-                        if req.bounce is not None:
-                            req.bounce.finish()
-                        future._resolve(index, req.nbytes)
+                        direct = direct_fds[request.fd] = is_direct_fd(request.fd)
                     except OSError as exc:
                         future._resolve(index, request_error(request, request.offset, exc))
-                    continue
-                req.pending = len(ops)
-                self._backlog.extend(ops)
-            self._pump()
-        return future
+                        continue
+                dst = buffers[0]
+                if direct and usable(dst, True) and dst.nbytes:  # unusable: check_buffers says why
+                    offset = request.offset
+                    lo = offset - offset % DIRECT_ALIGN
+                    hi = -(-(offset + dst.nbytes) // DIRECT_ALIGN) * DIRECT_ALIGN
+                    if hi - lo <= small:
+                        backlog.append(_Small(future, index, request, dst, lo, hi))
+                        continue
+            req = _Req(future, index, request)
+            try:
+                check_buffers(request)
+                ops = self._plan(req, direct_fds)
+            except (OSError, ValueError, TypeError, BufferError, GdskvError) as exc:
+                # This request fails alone; nothing of it is queued, the rest of the batch goes on.
+                future._resolve(index, request_error(request, request.offset, exc))
+                continue
+            if not ops:  # nothing to transfer, or less than a block past end of file
+                try:
+                    if req.bounce is not None:
+                        req.bounce.finish()
+                    future._resolve(index, req.nbytes)
+                except OSError as exc:
+                    future._resolve(index, request_error(request, request.offset, exc))
+                continue
+            req.pending = len(ops)
+            self._backlog.extend(ops)
+        self._pump()
 
     def _plan(self, req: _Req, direct_fds: Dict[int, bool]) -> List[_Op]:
         r = req.request
@@ -338,24 +379,41 @@ class Ring:
                 self._fail_any(self._backlog.popleft(), IoError("io_uring is unusable after a failed submission"))
             self._reap()
             return
+        sq_ready = self._L.io_uring_sq_ready
+        if self._interrupted:  # nothing new goes in until the kernel holds nothing of ours
+            if sq_ready(self._ring):
+                self._submit()
+            self._reap()
+            if self._put != self._reaped:
+                return
+            self._repair()
         while True:
             self._issue()
-            if self._unsubmitted:
+            if sq_ready(self._ring):
                 self._submit()
             # A few completions at a time, so freed slots are refilled and resubmitted
             # before the device runs dry while staging is copied out.
             if not self._reap(_REFILL_BYTES):
                 return
 
+    def _room(self) -> int:
+        """Free entries in the submission queue, after handing it to the kernel if it is full."""
+        room = self._L.io_uring_sq_space_left(self._ring)
+        if not room:
+            self._submit()
+            room = self._L.io_uring_sq_space_left(self._ring)
+        return room
+
     def _issue(self) -> None:
-        L = self._L
         backlog = self._backlog
         inflight = self._inflight
+        room = 0  # free entries known in the submission queue
         while backlog and len(inflight) < self.depth:
             op = backlog[0]
             if op.__class__ is _Small:
                 if not self._issue_small():
                     return
+                room = 0
                 continue
             req = op.req
             if req.error is not None:  # an earlier op of this request failed: skip the rest
@@ -368,34 +426,33 @@ class Ring:
             if op.buffers is None and op.slot is None:
                 if not self._free_slots:
                     return
-                op.slot = self._free_slots.pop()
-                if req.request.op is IoOp.WRITE:
+                if req.request.op is IoOp.WRITE:  # filled before the op holds it: never half-filled
+                    slot = self._free_slots[-1]
                     try:
-                        op.bounce.fill(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr]
+                        op.bounce.fill(op.c_lo, op.c_hi, self._slot_views[slot][: op.length])  # type: ignore[union-attr]
                     except OSError as exc:
                         self._backlog.popleft()
                         self._fail_op(op, request_error(req.request, op.c_lo, exc))
                         continue
+                op.slot = self._free_slots.pop()
             if op.iov is None:
-                try:  # before taking an entry: an entry taken and not prepared would be sent as it was
+                try:  # before the op leaves the backlog: a failure here fails the op alone
                     op.iov = self._iov_of(op)
                 except (ValueError, TypeError, BufferError) as exc:
                     self._backlog.popleft()
                     self._fail_op(op, request_error(req.request, op.offset + op.done, exc))
                     continue
-            sqe = L.io_uring_get_sqe(self._ring)
-            if sqe is None:  # submission queue full: hand it to the kernel first
-                self._submit()
-                sqe = L.io_uring_get_sqe(self._ring)
-                if sqe is None:
+            if not room:
+                room = self._room()
+                if not room:
                     return
             self._backlog.popleft()
-            self._prep(sqe, op)
-            op.reading = reading
-            self._reading += reading
+            self._prep(op, reading)
+            room -= 1
             self._unsubmitted_bytes += op.length
             if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
                 self._submit()
+                room = 0
 
     def _issue_small(self) -> bool:
         """Prepare entries for the small reads at the head of the backlog while a staging
@@ -403,13 +460,15 @@ class Ring:
         lack of one of them; True when the backlog is empty or starts with another op."""
         L = self._L
         ring = self._ring
-        get_sqe = L.io_uring_get_sqe
+        sqe = self._sqe
+        put_sqe = L.put_sqe
         prep_fixed = L.io_uring_prep_readv_fixed if self.fixed else None
         backlog = self._backlog
         inflight = self._inflight
         depth = self.depth
         free = self._free_slots
         iovs, entries, addrs, lens = self._slot_iovs, self._slot_entries, self._slot_addrs, self._slot_lens
+        room = 0
         while backlog and len(inflight) < depth:
             op = backlog[0]
             if op.__class__ is not _Small:
@@ -419,11 +478,9 @@ class Ring:
                 if not free:
                     return False
                 slot = op.slot = free.pop()
-            sqe = get_sqe(ring)
-            if sqe is None:  # submission queue full: hand it to the kernel first
-                self._submit()
-                sqe = get_sqe(ring)
-                if sqe is None:
+            if not room:
+                room = self._room()
+                if not room:
                     return False
             backlog.popleft()
             done = op.done
@@ -441,10 +498,13 @@ class Ring:
             self._next_id = ident + 1
             sqe.user_data = ident
             inflight[ident] = op
-            self._unsubmitted += 1
+            self._put += 1  # no call between these and put_sqe (see _prep)
+            put_sqe(ring, sqe)
+            room -= 1
             self._unsubmitted_bytes += length
             if self._unsubmitted_bytes >= _REFILL_BYTES:
                 self._submit()
+                room = 0
         return True
 
     def _iov_of(self, op: _Op) -> Template:
@@ -462,26 +522,34 @@ class Ring:
         iov.point(self._staging_addr + op.slot * self.chunk_bytes + op.done, op.length - op.done)  # type: ignore[operator]
         return iov
 
-    def _prep(self, sqe: Any, op: _Op) -> None:
-        """Prepare ``sqe`` for ``op``, whose iovec is ready (:meth:`_iov_of`). Nothing here
-        may fail: the entry is the kernel's once taken."""
+    def _prep(self, op: _Op, reading: int) -> None:
+        """Put an entry for ``op``, whose iovec is ready (:meth:`_iov_of`), into the
+        submission queue, which has room (:meth:`_room`); ``reading``: the bytes it counts
+        against ``read_inflight_bytes``. The entry is prepared in the scratch ``Sqe`` and
+        copied in by ``put_sqe``; the bookkeeping right before that call has no call in it,
+        so no signal handler can run between them: the op is in flight (and counted) exactly
+        when its entry is in the queue."""
         L = self._L
-        reading = op.req.request.op is IoOp.READ
+        is_read = op.req.request.op is IoOp.READ
         fd = op.req.request.fd
         iov = op.iov
+        sqe = self._sqe
         if op.buffers is not None:
-            (L.io_uring_prep_readv if reading else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
+            (L.io_uring_prep_readv if is_read else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
         else:
             if self.fixed:
-                prep = L.io_uring_prep_readv_fixed if reading else L.io_uring_prep_writev_fixed
+                prep = L.io_uring_prep_readv_fixed if is_read else L.io_uring_prep_writev_fixed
                 prep(sqe, fd, iov.obj, 0, op.offset + op.done)
             else:
-                (L.io_uring_prep_readv if reading else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
+                (L.io_uring_prep_readv if is_read else L.io_uring_prep_writev)(sqe, fd, iov.obj, op.offset + op.done)
         ident = self._next_id
-        self._next_id += 1
+        self._next_id = ident + 1
         sqe.user_data = ident
         self._inflight[ident] = op
-        self._unsubmitted += 1
+        op.reading = reading
+        self._reading += reading
+        self._put += 1
+        L.put_sqe(self._ring, sqe)
 
     def _template(self, count: int) -> Template:
         capacity = 4 if count <= 4 else 1 << (count - 1).bit_length()
@@ -492,21 +560,20 @@ class Ring:
 
     def _submit(self) -> None:
         try:
-            n = self._L.io_uring_submit(self._ring)
+            self._L.io_uring_submit(self._ring)
         except (BlockingIOError, InterruptedError):
             return  # the kernel is short of resources: retried on the next pump
         except OSError as exc:
             self._abort_unsubmitted(exc)
             return
-        self._unsubmitted = max(0, self._unsubmitted - (n or 0))
         self._unsubmitted_bytes = 0
 
     def _abort_unsubmitted(self, exc: OSError) -> None:
         """io_uring_enter failed outright: the ring is unusable and what was queued but not
         taken by the kernel will never complete. Fail those ops; the engine replaces the ring."""
         self.broken = True
-        lost = list(self._inflight.items())[-self._unsubmitted :] if self._unsubmitted else []
-        self._unsubmitted = 0
+        unsubmitted = self._L.io_uring_sq_ready(self._ring)  # the last entries put
+        lost = list(self._inflight.items())[-unsubmitted:] if unsubmitted else []
         for ident, op in lost:
             del self._inflight[ident]
             if op.__class__ is _Small:
@@ -559,6 +626,7 @@ class Ring:
                     break
         finally:
             if count:  # entries handled (even if one raised) are not seen again
+                self._reaped += count
                 L.io_uring_cq_advance(self._ring, count)
         return count
 
@@ -614,6 +682,49 @@ class Ring:
             req.bounce.drain(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr,index]
         self._finish_op(op)
 
+    def _repair(self) -> None:
+        """Rebuild the bookkeeping an exception cut short, once the kernel holds none of
+        this ring's entries (see the module docstring). Lock held.
+
+        Nothing is in flight, so: an op still listed in flight had its completion consumed
+        and not handled; a staging slot is in use only by an op waiting in the backlog; a
+        request whose ops are not all in the backlog lost one (its work was not all done).
+        Each such request ends with :class:`IoError`, after the ops of it still waiting
+        have run (their slots are needed back); every other request goes on. A second
+        interruption leaves the ring interrupted, and this runs again: each step can."""
+        self._inflight.clear()
+        self._reading = 0
+        self._unsubmitted_bytes = 0
+        self._templates = {}  # an iovec listed free twice would serve two entries at once
+        held = set()
+        queued: Dict[int, _Req] = {}  # the requests with ops in the backlog, and how many
+        waiting: Dict[int, int] = {}
+        small = set()  # (future, index) of the small reads in the backlog
+        for op in self._backlog:
+            if op.slot is not None:
+                held.add(op.slot)
+            if op.__class__ is _Small:
+                small.add((id(op.future), op.index))
+            else:
+                queued[id(op.req)] = op.req
+                waiting[id(op.req)] = waiting.get(id(op.req), 0) + 1
+        self._free_slots = [slot for slot in range(len(self._slot_views) - 1, -1, -1) if slot not in held]
+        self._slot_lens = [-1] * len(self._slot_views)
+        listed = set()
+        for key, req in queued.items():
+            listed.add((id(req.future), req.index))
+            if req.pending != waiting[key]:  # an op of it was lost
+                if req.error is None:
+                    req.error = _lost(req.request, req.request.offset)
+                req.pending = waiting[key]
+        for future in list(self._futures):
+            if future._pending:
+                for index, value in enumerate(future._values):
+                    if value is None and (id(future), index) not in listed and (id(future), index) not in small:
+                        request = future._requests[index]
+                        future._resolve(index, _lost(request, request.offset))
+        self._interrupted = False
+
     def _release_iov(self, op: _Op) -> None:
         if op.iov is not None:
             self._templates.setdefault(op.iov.capacity, []).append(op.iov)
@@ -660,7 +771,11 @@ class Ring:
         while True:
             with self._lock:
                 if not self.closed:
-                    self._pump()
+                    try:
+                        self._pump()
+                    except BaseException:
+                        self._interrupted = True  # a plain store: no signal handler runs before it
+                        raise
                 if future._pending == 0 or (resolved is not None and len(future._order) > resolved):
                     return
                 if self.closed or (self.broken and not self._inflight):
@@ -685,7 +800,11 @@ class Ring:
         poller.register(self._ring.ring_fd, select.POLLIN)
         while True:
             with self._lock:
-                self._pump()
+                try:
+                    self._pump()
+                except BaseException:
+                    self._interrupted = True
+                    raise
                 if not self._inflight and not self._backlog:
                     self.closed = True
                     break
