@@ -248,7 +248,9 @@ class DrivenFuture(IoFuture):
             self._wait(remaining, resolved=seen)
 
     def __await__(self) -> Generator[Any, None, List[int]]:
-        if not self.done():  # waits on an executor thread, which may move the work on meanwhile
+        # Both engines' futures override this to wait without a thread; this fallback waits
+        # on an executor thread, which may move the work on meanwhile.
+        if not self.done():
             yield from asyncio.get_running_loop().run_in_executor(None, self._wait, None).__await__()
         return self.result(0)
 

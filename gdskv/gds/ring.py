@@ -2,7 +2,8 @@
 
 A :class:`Ring` belongs to the thread that created it (the engine keeps one per thread), so
 submissions from different threads never share a lock. Its lock only orders the rare case
-of another thread driving it (an ``await`` on a future, run on an executor thread).
+of another thread driving it (a future waited on by a thread other than the submitter's, or
+an event loop driving the ring of a future awaited there: :meth:`Ring.watch`).
 
 Work is cut into *ops*, one submission queue entry each:
 
@@ -45,6 +46,7 @@ flight any more, so no buffer is released while the kernel may still write into 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import errno
 import os
@@ -52,7 +54,7 @@ import select
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, List, Optional, Sequence, Union
+from typing import Any, Deque, Dict, Generator, List, Optional, Sequence, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
@@ -121,6 +123,34 @@ class RingFuture(DrivenFuture):
             except StoreClosedError:  # the ring cannot finish it: result() raises that at once
                 return True
         return self._pending == 0
+
+    def __await__(self) -> Generator[Any, None, List[int]]:
+        """Wait without holding a thread: the event loop watches the ring's descriptor and
+        drives the ring in its own thread when completions are in (:meth:`Ring.watch`), and
+        at least every ``_POLL_MS`` (another thread may have reaped this batch's last
+        completion). Cancelling the awaiting task stops the wait, not the requests."""
+        if not self.done():
+            ring = self._ring
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            ring.watch(loop, self, waiter)
+            try:
+                while self._pending:
+                    yield from asyncio.wait([waiter], timeout=_POLL_MS / 1000).__await__()
+                    ring.wait(self, 0)  # raises if the ring cannot end it (closed, broken)
+            finally:
+                ring.unwatch(loop, self)
+        return self.result(0)
+
+
+class _Watch:
+    """An event loop's watch of a ring (see :meth:`Ring.watch`)."""
+
+    __slots__ = ("fd", "waiters")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd  # the loop's duplicate of the ring's descriptor
+        self.waiters: Dict[RingFuture, "asyncio.Future[None]"] = {}
 
 
 class _Req:
@@ -250,6 +280,8 @@ class Ring:
         self._interrupted = False
         #: Futures of this ring whose requests may not have ended (for :meth:`_repair`).
         self._futures: "weakref.WeakSet[RingFuture]" = weakref.WeakSet()
+        #: Futures awaited, per event loop watching the ring's descriptor (:meth:`watch`).
+        self._watchers: Dict[Any, _Watch] = {}
         #: Bytes of O_DIRECT writes moved through staging (whole blocks), for ``describe()``.
         self.staged_write_bytes = 0
 
@@ -788,6 +820,61 @@ class Ring:
                 poller.register(self._ring.ring_fd, select.POLLIN)
             ms = _POLL_MS if remaining is None else min(_POLL_MS, max(1, int(remaining * 1000)))
             poller.poll(ms)
+
+    def watch(self, loop: asyncio.AbstractEventLoop, future: RingFuture, waiter: "asyncio.Future[None]") -> None:
+        """While ``future`` is awaited in ``loop``: the loop watches the ring's descriptor
+        (readable when completions are in) and then drives the ring (:meth:`_on_readable`),
+        setting ``waiter`` once ``future`` has ended. One watch per loop serves all the
+        futures awaited there. Call from the loop's thread; undo with :meth:`unwatch`.
+
+        The loop watches a duplicate of the descriptor, closed by the last :meth:`unwatch`
+        after the loop has let go of it: closing the ring cannot free the number while the
+        loop still has it registered (the next file to get it would be confused with it)."""
+        watch = self._watchers.get(loop)
+        if watch is None:
+            fd = os.dup(self._ring.ring_fd)
+            try:
+                loop.add_reader(fd, self._on_readable, loop)
+            except BaseException:
+                os.close(fd)
+                raise
+            watch = self._watchers[loop] = _Watch(fd)
+        watch.waiters[future] = waiter
+
+    def unwatch(self, loop: asyncio.AbstractEventLoop, future: RingFuture) -> None:
+        watch = self._watchers.get(loop)
+        if watch is None:
+            return
+        watch.waiters.pop(future, None)
+        if not watch.waiters:
+            del self._watchers[loop]
+            try:
+                loop.remove_reader(watch.fd)
+            finally:
+                os.close(watch.fd)
+
+    def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Drive the ring (reap, refill) in ``loop``'s thread and wake the awaits that
+        ended; if driving raised, wake them all (each finds out why from :meth:`wait`)."""
+        watch = self._watchers.get(loop)
+        if watch is None:
+            return
+        try:
+            with self._lock:
+                if not self.closed:
+                    try:
+                        self._pump()
+                    except BaseException:
+                        self._interrupted = True
+                        raise
+        except BaseException:
+            for waiter in watch.waiters.values():
+                if not waiter.done():
+                    waiter.set_result(None)
+            raise
+        for future, waiter in watch.waiters.items():
+            if not future._pending and not waiter.done():
+                waiter.set_result(None)
 
     # ------------------------------------------------------------------ teardown
 

@@ -15,7 +15,8 @@
   ``io_read_inflight_bytes``): a deeper queue of large reads made a virtual disk slower,
   and 8 MiB keeps an NVMe drive busy.
 - The future of a batch is driven by whoever waits on it (``result()``, ``outcomes()``,
-  ``done()``, or ``await``, which waits on an executor thread).
+  ``done()``); ``await`` holds no thread: the event loop watches the ring's descriptor and
+  drives the ring when completions are in.
 
 ``liburing`` is imported here only, lazily: :func:`load_liburing` raises
 :class:`EngineUnavailableError` naming the extra to install when it is missing.

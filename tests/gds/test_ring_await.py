@@ -1,0 +1,123 @@
+"""Awaiting a ``uring`` batch holds no thread: the event loop watches the ring's descriptor
+and drives the ring itself when completions are in."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+
+import pytest
+
+from conftest import block, uring_unavailable
+from gdskv.gds.engine import IoRequest
+
+pytestmark = pytest.mark.skipif(uring_unavailable() is not None, reason=str(uring_unavailable()))
+
+PAGE = 4096
+PAGES = 4096  # 16 MiB: thousands of O_DIRECT reads take tens of milliseconds
+
+
+@pytest.fixture
+def setup(tmp_path):
+    from gdskv.gds.uring import UringEngine
+
+    path = tmp_path / "data"
+    data = block(3, PAGES * PAGE)
+    path.write_bytes(data)
+    engine = UringEngine(direct=True)
+    fd = engine.open_file(path, os.O_RDONLY)
+    engine.run(_reads(fd, str(path), [0])[0])  # this thread's ring exists before the tests count descriptors
+    yield engine, fd, str(path), data
+    os.close(fd)
+    engine.close()
+
+
+def _reads(fd, path, pages):
+    outs = [bytearray(PAGE) for _ in pages]
+    return [IoRequest.read(fd, p * PAGE, memoryview(out), path=path) for p, out in zip(pages, outs)], outs
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_await_needs_no_free_executor_thread(setup):
+    """Before, the await waited on the loop's default executor: with its one thread busy,
+    the batch ended but the await did not."""
+    engine, fd, path, data = setup
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+        gate = threading.Event()
+        busy = loop.run_in_executor(None, gate.wait, 30)
+        try:
+            requests, outs = _reads(fd, path, range(PAGES))
+            future = engine.submit(requests)
+            assert not future.done()  # still in flight when the await starts
+            got = await asyncio.wait_for(_awaited(future), 5)
+            return got, outs
+        finally:
+            gate.set()
+            await busy
+
+    got, outs = asyncio.run(main())
+    assert got == [PAGE] * PAGES and b"".join(outs) == data
+
+
+def test_many_awaits_on_one_ring_in_one_loop_all_end_and_close_their_watch(setup):
+    engine, fd, path, data = setup
+    before = _open_fds()
+
+    async def main():
+        batches = [_reads(fd, path, range(i, PAGES, 16)) for i in range(16)]
+        futures = [engine.submit(requests) for requests, _ in batches]  # all on this thread's ring
+        got = await asyncio.gather(*(_awaited(f) for f in futures))
+        return got, batches
+
+    got, batches = asyncio.run(main())
+    for i, (counts, (requests, outs)) in enumerate(zip(got, batches)):
+        assert counts == [PAGE] * len(requests)
+        assert all(out == data[r.offset : r.offset + PAGE] for r, out in zip(requests, outs)), i
+    assert _open_fds() == before  # the loop's duplicate of the ring's descriptor is closed
+
+
+def test_an_await_drives_the_ring_of_the_thread_that_submitted(setup):
+    """A batch submitted on another thread's ring, awaited here: the loop drives that ring
+    (its thread does not wait on the batch)."""
+    engine, fd, path, data = setup
+    submitted = []
+    requests, outs = _reads(fd, path, range(0, PAGES, 2))
+    thread = threading.Thread(target=lambda: submitted.append(engine.submit(requests)))
+    thread.start()
+    thread.join()
+
+    async def main():
+        return await asyncio.wait_for(_awaited(submitted[0]), 10)
+
+    assert asyncio.run(main()) == [PAGE] * len(requests)
+    assert all(out == data[r.offset : r.offset + PAGE] for r, out in zip(requests, outs))
+
+
+def test_cancelling_an_await_leaves_the_batch_running(setup):
+    engine, fd, path, data = setup
+    before = _open_fds()
+    requests, outs = _reads(fd, path, range(PAGES))
+    future = engine.submit(requests)
+
+    async def cancel():
+        task = asyncio.ensure_future(_awaited(future))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel())
+    assert future.result(timeout=10) == [PAGE] * PAGES and b"".join(outs) == data
+    assert _open_fds() == before
+
+
+async def _awaited(future):
+    return await future
