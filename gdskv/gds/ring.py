@@ -136,6 +136,9 @@ class RingFuture(DrivenFuture):
             ring.watch(loop, self, waiter)
             try:
                 while self._pending:
+                    if waiter.done():  # woken, yet not ended: wait again (never spin)
+                        waiter = loop.create_future()
+                        ring.watch(loop, self, waiter)
                     yield from asyncio.wait([waiter], timeout=_POLL_MS / 1000).__await__()
                     ring.wait(self, 0)  # raises if the ring cannot end it (closed, broken)
             finally:
