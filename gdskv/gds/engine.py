@@ -92,9 +92,13 @@ def request_error(request: IoRequest, offset: int, exc: BaseException) -> GdskvE
     :class:`IoError` with path, offset, length and errno for an ``OSError``; an
     :class:`InvalidValueError` for buffers the request cannot use (the ``ValueError``,
     ``TypeError`` or ``BufferError`` taking their address or a view of them raised); a
-    :class:`GdskvError` as it is. Anything else is a bug and is not wrapped."""
+    :class:`GdskvError` as it is. Anything else is a bug and is not wrapped, nor is an
+    ``OSError`` without an errno: it did not come from the system (a signal handler's
+    ``TimeoutError``, say), so it propagates (raised from here)."""
     if isinstance(exc, GdskvError):
         return exc
+    if isinstance(exc, OSError) and exc.errno is None:
+        raise exc
     length = sum(b.nbytes if b.__class__ is memoryview else 0 for b in request.buffers)
     context = {"path": request.path, "offset": max(offset, request.offset), "length": length}
     if isinstance(exc, OSError):

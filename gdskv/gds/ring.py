@@ -302,8 +302,27 @@ class Ring:
                 self._submit_locked(future, requests)
             except BaseException:
                 self._interrupted = True  # a plain store: no signal handler runs before it
+                self._withdraw(future)
                 raise
         return future
+
+    def _withdraw(self, future: RingFuture) -> None:
+        """Take back the batch of a :meth:`submit` that is raising (lock held): its ops
+        not issued yet leave the backlog, and this waits until the kernel holds none of its
+        entries. The caller gets no future, so its buffers must be its own again when
+        ``submit()`` raises. The batch's requests end as lost (:meth:`_repair`)."""
+        self._backlog = collections.deque(
+            op for op in self._backlog if (op.future if op.__class__ is _Small else op.req.future) is not future  # type: ignore[union-attr]
+        )
+        poller = None
+        while future._pending and not self.closed and not (self.broken and not self._inflight):
+            self._pump()  # interrupted: drains the kernel, then repairs
+            if not future._pending:
+                return
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._ring.ring_fd, select.POLLIN)
+            poller.poll(_POLL_MS)
 
     def _submit_locked(self, future: RingFuture, requests: Sequence[IoRequest]) -> None:
         """Queue the ops of ``requests`` (resolving at once the ones that fail or move
@@ -409,10 +428,10 @@ class Ring:
 
     def _pump(self) -> None:
         """Issue what fits, submit, reap; repeat while reaping freed room. Lock held."""
-        if self.broken:
+        if self.broken:  # (reaping first: a short transfer goes back to the backlog)
+            self._reap()
             while self._backlog:
                 self._fail_any(self._backlog.popleft(), IoError("io_uring is unusable after a failed submission"))
-            self._reap()
             return
         sq_ready = self._L.io_uring_sq_ready
         if self._interrupted:  # nothing new goes in until the kernel holds nothing of ours
@@ -426,18 +445,22 @@ class Ring:
             self._issue()
             if sq_ready(self._ring):
                 self._submit()
+            if self.broken:  # the next pump fails the backlog
+                self._reap()
+                return
             # A few completions at a time, so freed slots are refilled and resubmitted
             # before the device runs dry while staging is copied out.
             if not self._reap(_REFILL_BYTES):
                 return
 
     def _room(self) -> int:
-        """Free entries in the submission queue, after handing it to the kernel if it is full."""
+        """Free entries in the submission queue, after handing it to the kernel if it is
+        full; none once the ring is broken."""
         room = self._L.io_uring_sq_space_left(self._ring)
         if not room:
             self._submit()
             room = self._L.io_uring_sq_space_left(self._ring)
-        return room
+        return 0 if self.broken else room
 
     def _issue(self) -> None:
         backlog = self._backlog
@@ -487,6 +510,8 @@ class Ring:
             self._unsubmitted_bytes += op.length
             if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
                 self._submit()
+                if self.broken:
+                    return
                 room = 0
 
     def _issue_small(self) -> bool:
@@ -539,6 +564,8 @@ class Ring:
             self._unsubmitted_bytes += length
             if self._unsubmitted_bytes >= _REFILL_BYTES:
                 self._submit()
+                if self.broken:
+                    return False
                 room = 0
         return True
 
@@ -594,11 +621,17 @@ class Ring:
         return Template(self._L, capacity)
 
     def _submit(self) -> None:
+        """Hand the entries put to the kernel; a failure other than a shortage breaks the
+        ring (:meth:`_abort_unsubmitted`), which then takes no more entries."""
+        if self.broken:
+            return
         try:
             self._L.io_uring_submit(self._ring)
         except (BlockingIOError, InterruptedError):
             return  # the kernel is short of resources: retried on the next pump
         except OSError as exc:
+            if exc.errno is None:  # not the system's: a signal handler's, raised after the call
+                raise
             self._abort_unsubmitted(exc)
             return
         self._unsubmitted_bytes = 0

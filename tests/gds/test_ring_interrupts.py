@@ -143,3 +143,125 @@ def _read_back(path) -> bytes:
     """The file's bytes as the disk has them (buffered reads see O_DIRECT writes)."""
     with open(path, "rb") as f:
         return f.read()
+
+
+class _FailingSubmits:
+    """The ``liburing`` module, but ``io_uring_submit`` raises ``error()`` from call
+    ``after`` + 1 on (``once``: only that call, after really submitting)."""
+
+    def __init__(self, after: int, error, once: bool = False) -> None:
+        import liburing
+
+        self._lib = liburing
+        self.calls = 0
+        self.after = after
+        self.error = error
+        self.once = once
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def io_uring_submit(self, ring):
+        self.calls += 1
+        if self.calls <= self.after or (self.once and self.calls > self.after + 1):
+            return self._lib.io_uring_submit(ring)
+        if self.once:
+            self._lib.io_uring_submit(ring)
+        raise self.error()
+
+
+def test_a_ring_that_cannot_submit_fails_only_what_the_kernel_never_took(tmp_path):
+    """io_uring_enter failing for good: the ring breaks once and takes no more entries. Before,
+    each later failure failed the last entries again, reaching back to a read the kernel
+    held (of a pipe, here), whose buffer the kernel wrote into after it had 'failed'. A read
+    that comes back short then cannot be resumed: it fails (it used to be left pending while
+    the wait raised StoreClosedError)."""
+    import errno
+
+    from gdskv.gds.engine import IoOp
+    from gdskv.gds.ring import Ring
+
+    lib = _FailingSubmits(1, lambda: OSError(errno.EBADFD, "io_uring_enter failed"))
+    ring = Ring(lib, depth=8, slots=4, chunk_bytes=64 << 10, fixed=False)
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(8 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pipe_out, short_out = bytearray(8), bytearray(PAGE)
+        requests = [IoRequest(IoOp.READ, r, 0, [memoryview(pipe_out)], "pipe", False)]
+        requests.append(IoRequest(IoOp.READ, r2, 0, [memoryview(short_out)], "pipe", False))
+        requests += [IoRequest.read(fd, i << 20, memoryview(bytearray(1 << 20)), path=str(path))._replace(direct=False) for i in range(5)]
+        future = ring.submit(requests)
+        with pytest.raises(TimeoutError):
+            future.outcomes(timeout=0.5)  # the pipe reads are the kernel's until data comes
+        assert future._values[:2] == [None, None] and lib.calls == 2
+        os.write(w, b"LATEDATA")
+        os.write(w2, b"SHORT")
+        outcomes = future.outcomes(timeout=5)
+        assert outcomes[0] == 8 and bytes(pipe_out) == b"LATEDATA"
+        assert isinstance(outcomes[1], IoError) and bytes(short_out[:5]) == b"SHORT"
+        assert all(isinstance(o, IoError) or o == 1 << 20 for o in outcomes[2:])
+    finally:
+        ring.close()
+        for f in (r, w, r2, w2, fd):
+            os.close(f)
+
+
+def test_a_submit_that_raises_takes_its_batch_back(tmp_path, monkeypatch):
+    """submit() raising (a handler's exception at its last step, here) gives the caller no
+    future, so the batch must not run later with whatever the buffers then hold. Before, it
+    stayed queued and ran on the next, unrelated batch."""
+    from gdskv.gds.ring import Ring
+    from gdskv.gds.uring import UringEngine
+
+    path = tmp_path / "data"
+    path.write_bytes(b"0" * 8192)
+    engine = UringEngine(direct=True, depth=8, chunk_bytes=64 << 10)
+    fd = engine.open_file(path, os.O_RDWR)
+    real = Ring._pump
+    raised = []
+
+    def pump(self):
+        if not raised:
+            raised.append(True)
+            raise Interrupted()
+        return real(self)
+
+    monkeypatch.setattr(Ring, "_pump", pump)
+    try:
+        buffer = bytearray(b"A" * 100)
+        with pytest.raises(Interrupted):
+            engine.submit([IoRequest.write(fd, 10, memoryview(buffer), path=str(path))])
+        buffer[:] = b"B" * 100  # the caller's buffer is its own again
+        assert engine.submit([IoRequest.read(fd, 4096, memoryview(bytearray(10)), path=str(path))]).result(timeout=10) == [10]
+        assert path.read_bytes() == b"0" * 8192
+    finally:
+        os.close(fd)
+        engine.close()
+
+
+def test_an_oserror_a_handler_raises_after_a_submission_propagates(tmp_path):
+    """A handler's TimeoutError (an OSError without an errno) right after io_uring_submit
+    returned is the caller's, not a failed submission: it propagates, the ring goes on. Before,
+    it was taken for a failed io_uring_enter, swallowed, and the ring broken."""
+    from gdskv.gds.ring import Ring
+
+    lib = _FailingSubmits(0, TimeoutError, once=True)
+    ring = Ring(lib, depth=8, slots=8, chunk_bytes=64 << 10, fixed=False)
+    path = tmp_path / "data"
+    data = os.urandom(64 * PAGE)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        outs = [bytearray(PAGE) for _ in range(64)]
+        with pytest.raises(TimeoutError):
+            ring.submit([IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+        assert not ring.broken
+        again = [bytearray(PAGE) for _ in range(64)]
+        assert ring.submit([IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(again)]).result(timeout=10) == [PAGE] * 64
+        assert b"".join(again) == data
+    finally:
+        ring.close()
+        os.close(fd)
