@@ -453,25 +453,14 @@ class Ring:
             if not self._reap(_REFILL_BYTES):
                 return
 
-    def _room(self) -> int:
-        """Free entries in the submission queue, after handing it to the kernel if it is
-        full; none once the ring is broken."""
-        room = self._L.io_uring_sq_space_left(self._ring)
-        if not room:
-            self._submit()
-            room = self._L.io_uring_sq_space_left(self._ring)
-        return 0 if self.broken else room
-
     def _issue(self) -> None:
         backlog = self._backlog
         inflight = self._inflight
-        room = 0  # free entries known in the submission queue
         while backlog and len(inflight) < self.depth:
             op = backlog[0]
             if op.__class__ is _Small:
                 if not self._issue_small():
                     return
-                room = 0
                 continue
             req = op.req
             if req.error is not None:  # an earlier op of this request failed: skip the rest
@@ -500,19 +489,13 @@ class Ring:
                     self._backlog.popleft()
                     self._fail_op(op, request_error(req.request, op.offset + op.done, exc))
                     continue
-            if not room:
-                room = self._room()
-                if not room:
-                    return
             self._backlog.popleft()
             self._prep(op, reading)
-            room -= 1
             self._unsubmitted_bytes += op.length
             if self._unsubmitted_bytes >= _REFILL_BYTES:  # start the device while filling the rest
                 self._submit()
                 if self.broken:
                     return
-                room = 0
 
     def _issue_small(self) -> bool:
         """Prepare entries for the small reads at the head of the backlog while a staging
@@ -528,7 +511,6 @@ class Ring:
         depth = self.depth
         free = self._free_slots
         iovs, entries, addrs, lens = self._slot_iovs, self._slot_entries, self._slot_addrs, self._slot_lens
-        room = 0
         while backlog and len(inflight) < depth:
             op = backlog[0]
             if op.__class__ is not _Small:
@@ -538,10 +520,6 @@ class Ring:
                 if not free:
                     return False
                 slot = op.slot = free.pop()
-            if not room:
-                room = self._room()
-                if not room:
-                    return False
             backlog.popleft()
             done = op.done
             length = op.length - done
@@ -559,14 +537,14 @@ class Ring:
             sqe.user_data = ident
             inflight[ident] = op
             self._put += 1  # no call between these and put_sqe (see _prep)
-            put_sqe(ring, sqe)
-            room -= 1
+            if not put_sqe(ring, sqe):
+                self._put_failed(ident)
+                return False
             self._unsubmitted_bytes += length
             if self._unsubmitted_bytes >= _REFILL_BYTES:
                 self._submit()
                 if self.broken:
                     return False
-                room = 0
         return True
 
     def _iov_of(self, op: _Op) -> Template:
@@ -586,11 +564,14 @@ class Ring:
 
     def _prep(self, op: _Op, reading: int) -> None:
         """Put an entry for ``op``, whose iovec is ready (:meth:`_iov_of`), into the
-        submission queue, which has room (:meth:`_room`); ``reading``: the bytes it counts
-        against ``read_inflight_bytes``. The entry is prepared in the scratch ``Sqe`` and
-        copied in by ``put_sqe``; the bookkeeping right before that call has no call in it,
-        so no signal handler can run between them: the op is in flight (and counted) exactly
-        when its entry is in the queue."""
+        submission queue; ``reading``: the bytes it counts against ``read_inflight_bytes``.
+
+        The entry is prepared in the scratch ``Sqe`` and copied in by ``put_sqe``; the
+        bookkeeping right before that call has no call in it, so no signal handler can run
+        between them: the op is in flight (and counted) exactly when its entry is in the
+        queue. The queue has room: it has at least ``depth`` entries, each entry the kernel
+        has not taken yet is an op in flight, and fewer than ``depth`` are when one is
+        issued (so nothing here asks the ring for room)."""
         L = self._L
         is_read = op.req.request.op is IoOp.READ
         fd = op.req.request.fd
@@ -611,7 +592,23 @@ class Ring:
         op.reading = reading
         self._reading += reading
         self._put += 1
-        L.put_sqe(self._ring, sqe)
+        if not L.put_sqe(self._ring, sqe):
+            self._put_failed(ident)
+
+    def _put_failed(self, ident: int) -> None:
+        """``put_sqe`` found the queue full, which the bookkeeping says cannot happen: undo
+        the entry's bookkeeping and break the ring (it fails what it holds and the engine
+        replaces it), rather than wait for a completion that cannot come."""
+        self._put -= 1
+        exc = OSError(errno.EIO, "io_uring submission queue full (the ring's bookkeeping is wrong)")
+        op = self._inflight.pop(ident)
+        if op.__class__ is _Small:
+            self._fail_any(op, request_error(op.request, op.request.offset, exc))
+        else:
+            self._reading -= op.reading
+            op.reading = 0
+            self._fail_any(op, request_error(op.req.request, op.offset, exc))
+        self._abort_unsubmitted(exc)
 
     def _template(self, count: int) -> Template:
         capacity = 4 if count <= 4 else 1 << (count - 1).bit_length()
