@@ -408,3 +408,38 @@ def test_an_exception_at_every_check_point_of_the_ring(tmp_path, op):
         closing.join(5)
         assert not closing.is_alive(), where
     assert target > (300 if op == "read" else 200)  # the sweep went through the ring's code
+
+
+def test_a_full_submission_queue_breaks_the_ring_and_every_request_ends(tmp_path):
+    """put_sqe never finds the queue full (the ring keeps fewer entries in flight than it
+    has); if it did, the ring breaks and fails what it cannot finish instead of waiting for
+    an entry that was never queued."""
+    import liburing
+
+    from gdskv.gds.ring import Ring
+
+    class FullAtThird:
+        calls = 0
+
+        def __getattr__(self, name):
+            return getattr(liburing, name)
+
+        def put_sqe(self, ring, sqe):
+            FullAtThird.calls += 1
+            return False if FullAtThird.calls == 3 else liburing.put_sqe(ring, sqe)
+
+    ring = Ring(FullAtThird(), depth=8, slots=8, chunk_bytes=64 << 10, fixed=False)
+    path = tmp_path / "data"
+    data = os.urandom(16 * PAGE)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        outs = [bytearray(PAGE) for _ in range(16)]
+        future = ring.submit([IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+        outcomes = future.outcomes(timeout=5)
+        assert ring.broken and isinstance(outcomes[2], IoError)
+        for i, outcome in enumerate(outcomes):
+            assert isinstance(outcome, IoError) or (outcome == PAGE and outs[i] == data[i * PAGE : (i + 1) * PAGE])
+    finally:
+        ring.close()
+        os.close(fd)
