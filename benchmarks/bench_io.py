@@ -19,9 +19,13 @@ In the same run fio measures the same block size, queue depth and filesystem (io
 O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio of fio's:
 ``write`` against fio writing a new file, ``write full`` (whose backends overwrite the
 files of evicted objects) against fio overwriting a file it wrote, reads against reads.
-Every repeat runs fio and each engine x backend, in an order rotated from one repeat to
-the next, and the table shows medians (every repeat's figure is printed after it), so the
-ratios hold on a disk whose speed drifts (shared virtual disks do).
+Each gdskv run is paired with a fio run of the same operation taken right before it (fio
+runs once per engine x backend and repeat), and its ratio is gdskv's figure over that
+fio's: on a disk whose speed drifts within seconds (shared virtual disks do), a ratio then
+compares two figures taken seconds apart, not a gdskv figure with a fio one from another
+minute. Every repeat runs each engine x backend, in an order rotated from one repeat to the
+next; the table shows the medians of the figures and of the paired ratios (every repeat's
+figure and ratio is printed after it).
 Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
 4 KiB path >= 0.5x fio's IOPS. A target is checked only against a fair fio: on huge pages
 like gdskv's memory (``--fio-mem``), and not where the filesystem refused gdskv O_DIRECT.
@@ -476,14 +480,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     fio_dir.mkdir(exist_ok=True)
     fio_job = functools.partial(fio_run, fio, fio_dir, direct=True, mem=fio_mem.option)  # O_DIRECT, as gdskv
     samples: Dict[tuple, List[float]] = {}
+    ratios: Dict[tuple, List[float]] = {}  # gdskv's figure over its paired fio's, by gdskv key
     small: Dict[tuple, object] = {}  # the 4 KiB data sets, by (engine, backend)
-    # What one repeat runs: fio, then each engine x backend; every repeat starts one step
-    # further along this list, so no run always follows the same neighbour (a big write
-    # leaves the disk busy flushing for a while).
-    runs = ([("fio", "")] if fio else []) + [(e, b) for e in engines for b in backends]
+    # What one repeat runs: each engine x backend, each right after its fio peers; every
+    # repeat starts one step further along this list, so no run always follows the same
+    # neighbour (a big write leaves the disk busy flushing for a while).
+    runs = [(e, b) for e in engines for b in backends]
 
     def add(key: tuple, value: float) -> None:
         samples.setdefault(key, []).append(value)
+
+    def add_paired(key: tuple, value: float, peer: Optional[float]) -> None:
+        """A gdskv figure and its ratio to ``peer``, fio's figure taken right before it."""
+        add(key, value)
+        if peer:
+            ratios.setdefault(key, []).append(value / peer)
 
     try:
         # Large objects. Every repeat measures fio and every engine x backend, so that
@@ -495,24 +506,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             outs = out_buffers(args.qd, size, args.out_align)
             for r in range(args.repeat):
                 for engine_name, backend_name in rotated(runs, r):
-                    if engine_name == "fio":
-                        add(("fio", "write", size), fio_job(rw="write", bs=size, qd=args.qd, size=n * size))
-                        add(("fio", "write full", size), fio_job(rw="write", bs=size, qd=args.qd, size=n * size, fresh=False))
-                        add(("fio", "read", size), fio_job(rw="randread", bs=size, qd=args.qd, size=n * size))
-                    else:
-                        engine = engines[engine_name]
-                        work = base / f"{engine_name}-{backend_name}"
-                        backend = open_backend(backend_name, work, engine, capacity)
-                        try:
-                            add((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes))
-                            if not engine.direct or engine.direct_refused:
-                                drop_cache(work)
-                            add((engine_name, backend_name, "read", size), gdskv_read(backend, keys, size, args.qd, outs, args.seed + r))
-                        finally:
-                            backend.close()
-                        shutil.rmtree(work)
-                        add((engine_name, backend_name, "write full", size),
-                            gdskv_write_full(backend_name, work, engine, arena, keys, batch_bytes))
+                    peer: Dict[str, Optional[float]] = {"write": None, "write full": None, "read": None}
+                    if fio:
+                        peer["write"] = fio_job(rw="write", bs=size, qd=args.qd, size=n * size)
+                        peer["write full"] = fio_job(rw="write", bs=size, qd=args.qd, size=n * size, fresh=False)
+                        peer["read"] = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size)
+                        for op, value in peer.items():
+                            add(("fio", op, size), value)  # type: ignore[arg-type]
+                    engine = engines[engine_name]
+                    work = base / f"{engine_name}-{backend_name}"
+                    backend = open_backend(backend_name, work, engine, capacity)
+                    try:
+                        add_paired((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes), peer["write"])
+                        if not engine.direct or engine.direct_refused:
+                            drop_cache(work)
+                        add_paired((engine_name, backend_name, "read", size),
+                                   gdskv_read(backend, keys, size, args.qd, outs, args.seed + r), peer["read"])
+                    finally:
+                        backend.close()
+                    shutil.rmtree(work)
+                    add_paired((engine_name, backend_name, "write full", size),
+                               gdskv_write_full(backend_name, work, engine, arena, keys, batch_bytes), peer["write full"])
             del arena, outs
 
         # 4 KiB random reads: one data set per engine x backend, written once, read each repeat.
@@ -530,14 +544,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             fio_job(rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size)
         for r in range(args.repeat):
             for engine_name, backend_name in rotated(runs, r):
-                if engine_name == "fio":
-                    add(("fio", "rand", 4096), fio_job(rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, ios=args.rand_ops))
-                    if "psync" in engines:  # the like-for-like peer of a thread pool (see the notes after the table)
-                        add(("fio", "rand psync", 4096), fio_job(rw="randread", bs=4096, qd=1, size=rand_size, ios=args.rand_ops,
-                                                                  ioengine="psync", jobs=engines["psync"].threads))
-                else:
-                    backend = small[(engine_name, backend_name)]
-                    add((engine_name, backend_name, "rand", 4096), gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r))
+                rand_peer = None
+                if fio:
+                    rand_peer = fio_job(rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, ios=args.rand_ops)
+                    add(("fio", "rand", 4096), rand_peer)
+                    if engine_name == "psync":  # the like-for-like peer of a thread pool (see the notes after the table)
+                        psync_peer = fio_job(rw="randread", bs=4096, qd=1, size=rand_size, ios=args.rand_ops,
+                                             ioengine="psync", jobs=engines["psync"].threads)
+                        add(("fio", "rand psync", 4096), psync_peer)
+                        ratios.setdefault(("psync", backend_name, "rand psync", 4096), [])
+                backend = small[(engine_name, backend_name)]
+                got = gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r)
+                add_paired((engine_name, backend_name, "rand", 4096), got, rand_peer)
+                if fio and engine_name == "psync":
+                    ratios[("psync", backend_name, "rand psync", 4096)].append(got / psync_peer)
     finally:
         for backend in small.values():
             backend.close()
@@ -554,12 +574,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             for size in sizes:
                 n = max(1, total // size)
                 for op in ("write", "read", "write full"):
-                    value = median(samples[(engine_name, backend_name, op, size)])
+                    key = (engine_name, backend_name, op, size)
                     ref = median(samples[("fio", op, size)]) if fio else None
-                    rows.append((engine_name, backend_name, size, op, n, value, ref))
-            value = median(samples[(engine_name, backend_name, "rand", 4096)])
+                    rows.append((engine_name, backend_name, size, op, n, median(samples[key]), ref, median(ratios[key]) if fio else None))
+            key = (engine_name, backend_name, "rand", 4096)
             ref = median(samples[("fio", "rand", 4096)]) if fio else None
-            rows.append((engine_name, backend_name, 4096, "rand read", args.rand_ops, value, ref))
+            rows.append((engine_name, backend_name, 4096, "rand read", args.rand_ops, median(samples[key]), ref,
+                         median(ratios[key]) if fio else None))
 
     # A verdict needs a fair peer: fio on the kind of memory gdskv uses, and gdskv's files
     # really O_DIRECT (a refusal is counted as files are opened, so it is known only now).
@@ -574,15 +595,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("# ratios are rounded down to two decimals (0.497x prints as 0.49x), as the targets are checked")
     print("# write: into a new store, against fio writing a new file; write full: into a full tier (evicting), "
           "against fio overwriting a written file")
+    print("# gdskv, fio: medians of the figures; ratio: median of each gdskv run over the fio run taken right before it")
     if fio and not fio_fair:
         print("# fio's buffers are on 4 KiB pages, which makes fio slower than the device here: no verdicts "
               "(--fio-mem huge puts them on huge pages)")
     head = f"{'engine':<7} {'backend':<13} {'object':>8} {'op':<10} {'count':>6} {'gdskv':>14} {'fio':>14} {'ratio':>6}  target"
     print(head)
     print("-" * len(head))
-    for engine_name, backend_name, size, op, n, value, fio_value in rows:
+    for engine_name, backend_name, size, op, n, value, fio_value, ratio in rows:
         small = op == "rand read"
-        ratio = value / fio_value if fio_value else None
         target = TARGET_SMALL if small else (TARGET_LARGE if size >= MiB and engine_name == "uring" else None)
         verdict = "" if target is None or ratio is None else f">= {target:.1f}x {'met' if ratio >= target else 'MISSED'}"
         if verdict and (engine_name in no_verdict or not fio_fair):
@@ -598,14 +619,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"# psync runs at most {jobs} 4 KiB reads at a time here (one per pool thread; the waiting caller is the main "
               f"thread, which runs none), so a queue depth of {args.rand_qd} is out of its reach. Against fio's psync "
               f"engine with {jobs} jobs "
-              f"({fmt_rate(peer, True)}; no target): "
-              + ", ".join(f"{b} {fmt_ratio(median(samples[('psync', b, 'rand', 4096)]) / peer)}" for b in backends))
+              f"({fmt_rate(peer, True)}, median; no target): "
+              + ", ".join(f"{b} {fmt_ratio(median(ratios[('psync', b, 'rand psync', 4096)]))}" for b in backends))
     print()
-    print("# every repeat's figure (MiB/s; 4 KiB: IOPS), in the order of the repeats")
+    print("# every run's figure (MiB/s; 4 KiB: IOPS) in the order they ran, and for gdskv its ratio to the fio run before it")
     for key, values in samples.items():
         small = key[-1] == 4096
+        paired = ratios.get(key, [])
         print(f"#   {' '.join(str(k) for k in key[:-1]):<30} {format_size(key[-1]):>9}: "
-              + ", ".join(f"{v:.0f}" if small else f"{v / MiB:.0f}" for v in values))
+              + ", ".join((f"{v:.0f}" if small else f"{v / MiB:.0f}") + (f" ({fmt_ratio(paired[i])})" if i < len(paired) else "")
+                          for i, v in enumerate(values)))
     if not args.dir:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_io.py"
-TINY = ["--size", "512KiB", "--sizes", "256KiB", "--rand-objects", "32", "--rand-ops", "64", "--repeat", "1", "--no-fio-install"]
+TINY = ["--size", "512KiB", "--sizes", "256KiB", "--rand-objects", "32", "--rand-ops", "64", "--no-fio-install"]
 
 
 def run_bench(tmp_path, env=None, engines="psync,uring", extra=()):
-    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", engines, *extra, *TINY]
+    repeat = () if "--repeat" in extra else ("--repeat", "1")
+    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path / "bench"), "--engines", engines, *extra, *TINY, *repeat]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -65,7 +66,22 @@ def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):
     assert all(has_ratio(r) for r in rows)
     assert not any("met" in r or "MISSED" in r for r in rows)
     assert any(" ".join(r).endswith("n/a: fio on 4 KiB pages") for r in rows)  # the 4 KiB row has a target
-    assert "# every repeat's figure" in out
+    assert "# every run's figure" in out
+
+
+def test_each_gdskv_run_is_paired_with_a_fio_run_taken_right_before_it(tmp_path):
+    """fio runs once per engine x backend and repeat, and every gdskv figure carries its
+    ratio to that fio run (the disk's speed drifts between runs a minute apart)."""
+    if not shutil.which("fio"):
+        pytest.skip("fio is not installed")
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
+    out = run_bench(tmp_path, env, engines="uring", extra=("--backends", "bucket,offset", "--fio-mem", "malloc", "--repeat", "2"))
+    listing = {line.split(":")[0].strip("# ").rsplit(" ", 2)[0].strip(): line.split(":", 1)[1].split(",")
+               for line in out.splitlines() if line.startswith("#   ")}
+    assert len(listing["fio write"]) == 4 and len(listing["fio rand"]) == 4  # 2 backends x 2 repeats
+    for key in ("uring bucket write", "uring offset read", "uring bucket write full", "uring offset rand"):
+        runs = listing[key]
+        assert len(runs) == 2 and all(run.strip().endswith("x)") for run in runs), (key, runs)
 
 
 def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):
