@@ -94,6 +94,10 @@ def _lost(request: IoRequest, offset: int) -> IoError:
     )
 
 
+def _future_of(op: "Union[_Op, _Small]") -> "RingFuture":
+    return op.future if op.__class__ is _Small else op.req.future  # type: ignore[union-attr]
+
+
 class RingFuture(DrivenFuture):
     """Completion of one batch submitted to a :class:`Ring`; waiting drives the ring, and so
     does going through its completed requests (the ring is refilled from its backlog)."""
@@ -137,23 +141,27 @@ class RingFuture(DrivenFuture):
             try:
                 while self._pending:
                     if waiter.done():  # woken, yet not ended: wait again (never spin)
-                        waiter = loop.create_future()
+                        old, waiter = waiter, loop.create_future()
                         ring.watch(loop, self, waiter)
+                        ring.unwatch(loop, self, old)
                     yield from asyncio.wait([waiter], timeout=_POLL_MS / 1000).__await__()
                     ring.wait(self, 0)  # raises if the ring cannot end it (closed, broken)
             finally:
-                ring.unwatch(loop, self)
+                ring.unwatch(loop, self, waiter)
         return self.result(0)
 
 
 class _Watch:
     """An event loop's watch of a ring (see :meth:`Ring.watch`)."""
 
-    __slots__ = ("fd", "waiters")
+    __slots__ = ("fd", "waiters", "waking")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd  # the loop's duplicate of the ring's descriptor
-        self.waiters: Dict[RingFuture, "asyncio.Future[None]"] = {}
+        #: The waiters of each future awaited in the loop (one per awaiting task).
+        self.waiters: Dict[RingFuture, List["asyncio.Future[None]"]] = {}
+        #: A wake-up is scheduled in the loop (:meth:`Ring._notify_watchers`).
+        self.waking = False
 
 
 class _Req:
@@ -292,6 +300,7 @@ class Ring:
 
     def submit(self, requests: Sequence[IoRequest]) -> RingFuture:
         future = RingFuture(self, requests)
+        error: Optional[BaseException] = None
         with self._lock:
             if self.closed:
                 raise StoreClosedError("io_uring is closed")
@@ -300,25 +309,35 @@ class Ring:
             self._futures.add(future)
             try:
                 self._submit_locked(future, requests)
-            except BaseException:
+            except BaseException as exc:
                 self._interrupted = True  # a plain store: no signal handler runs before it
-                self._withdraw(future)
-                raise
+                self._backlog = collections.deque(op for op in self._backlog if _future_of(op) is not future)
+                error = exc
+        if error is not None:
+            self._withdraw(future)
+            raise error
         return future
 
     def _withdraw(self, future: RingFuture) -> None:
-        """Take back the batch of a :meth:`submit` that is raising (lock held): its ops
-        not issued yet leave the backlog, and this waits until the kernel holds none of its
-        entries. The caller gets no future, so its buffers must be its own again when
-        ``submit()`` raises. The batch's requests end as lost (:meth:`_repair`)."""
-        self._backlog = collections.deque(
-            op for op in self._backlog if (op.future if op.__class__ is _Small else op.req.future) is not future  # type: ignore[union-attr]
-        )
+        """Take back the batch of a :meth:`submit` that is raising, whose ops not issued
+        have left the backlog: wait (the lock released while waiting) until no op of it is
+        in flight, then end its requests not ended as lost. The caller gets no future, so
+        its buffers must be its own again when ``submit()`` raises. Other batches go on."""
         poller = None
-        while future._pending and not self.closed and not (self.broken and not self._inflight):
-            self._pump()  # interrupted: drains the kernel, then repairs
-            if not future._pending:
-                return
+        while True:
+            with self._lock:
+                if not self.closed:
+                    try:
+                        self._pump()  # interrupted: reaps, issues nothing until repaired
+                    except BaseException:
+                        self._interrupted = True
+                        raise
+                if self.closed or not any(_future_of(op) is future for op in self._inflight.values()):
+                    for index, value in enumerate(future._values):
+                        if value is None:
+                            request = future._requests[index]
+                            future._resolve(index, _lost(request, request.offset))
+                    return
             if poller is None:
                 poller = select.poll()
                 poller.register(self._ring.ring_fd, select.POLLIN)
@@ -427,13 +446,22 @@ class Ring:
         return ops
 
     def _pump(self) -> None:
-        """Issue what fits, submit, reap; repeat while reaping freed room. Lock held."""
+        """Issue what fits, submit, reap; repeat while reaping freed room; then wake the
+        awaits whose futures ended (:meth:`_notify_watchers`). Lock held."""
+        self._drive()
+        if self._watchers:
+            self._notify_watchers()
+
+    def _drive(self) -> None:
+        sq_ready = self._L.io_uring_sq_ready
         if self.broken:  # (reaping first: a short transfer goes back to the backlog)
             self._reap()
             while self._backlog:
                 self._fail_any(self._backlog.popleft(), IoError("io_uring is unusable after a failed submission"))
+            # The entries never submitted never complete: the kernel holds nothing else then.
+            if self._interrupted and self._put - self._reaped == sq_ready(self._ring):
+                self._repair()
             return
-        sq_ready = self._L.io_uring_sq_ready
         if self._interrupted:  # nothing new goes in until the kernel holds nothing of ours
             if sq_ready(self._ring):
                 self._submit()
@@ -608,7 +636,7 @@ class Ring:
             self._reading -= op.reading
             op.reading = 0
             self._fail_any(op, request_error(op.req.request, op.offset, exc))
-        self._abort_unsubmitted(exc)
+        self._abort_unsubmitted(exc, end=ident)  # (this entry, the last id given, was not put)
 
     def _template(self, count: int) -> Template:
         capacity = 4 if count <= 4 else 1 << (count - 1).bit_length()
@@ -633,14 +661,20 @@ class Ring:
             return
         self._unsubmitted_bytes = 0
 
-    def _abort_unsubmitted(self, exc: OSError) -> None:
+    def _abort_unsubmitted(self, exc: OSError, end: Optional[int] = None) -> None:
         """io_uring_enter failed outright: the ring is unusable and what was queued but not
-        taken by the kernel will never complete. Fail those ops; the engine replaces the ring."""
+        taken by the kernel will never complete. Fail those ops; the engine replaces the ring.
+        ``end``: the id after the last entry put (default: the next id to give)."""
         self.broken = True
-        unsubmitted = self._L.io_uring_sq_ready(self._ring)  # the last entries put
-        lost = list(self._inflight.items())[-unsubmitted:] if unsubmitted else []
-        for ident, op in lost:
-            del self._inflight[ident]
+        # The entries the kernel did not take are the last ones put, and each entry put took
+        # the next id: their ids are the last ones given (so this can run again after an
+        # interruption and fail nothing the kernel holds).
+        end = self._next_id if end is None else end
+        unsubmitted = self._L.io_uring_sq_ready(self._ring)
+        for ident in range(end - unsubmitted, end):
+            op = self._inflight.pop(ident, None)
+            if op is None:
+                continue
             if op.__class__ is _Small:
                 self._fail_any(op, request_error(op.request, op.request.offset, exc))
             else:
@@ -856,41 +890,56 @@ class Ring:
 
     def watch(self, loop: asyncio.AbstractEventLoop, future: RingFuture, waiter: "asyncio.Future[None]") -> None:
         """While ``future`` is awaited in ``loop``: the loop watches the ring's descriptor
-        (readable when completions are in) and then drives the ring (:meth:`_on_readable`),
-        setting ``waiter`` once ``future`` has ended. One watch per loop serves all the
-        futures awaited there. Call from the loop's thread; undo with :meth:`unwatch`.
+        (readable when completions are in) and drives the ring then (:meth:`_on_readable`);
+        ``waiter`` is set once ``future`` has ended, whichever thread reaped its last
+        completion (:meth:`_notify_watchers`). One watch per loop serves every future awaited
+        there. Call from the loop's thread; undo with :meth:`unwatch`.
 
         The loop watches a duplicate of the descriptor, closed by the last :meth:`unwatch`
         after the loop has let go of it: closing the ring cannot free the number while the
         loop still has it registered (the next file to get it would be confused with it)."""
         watch = self._watchers.get(loop)
         if watch is None:
-            fd = os.dup(self._ring.ring_fd)
+            fd = -1
             try:
-                loop.add_reader(fd, self._on_readable, loop)
+                fd = os.dup(self._ring.ring_fd)
+                loop.add_reader(fd, self._on_readable, loop, fd)
+                watch = self._watchers[loop] = _Watch(fd)
             except BaseException:
-                os.close(fd)
+                if fd >= 0:
+                    try:
+                        loop.remove_reader(fd)
+                    finally:
+                        os.close(fd)
                 raise
-            watch = self._watchers[loop] = _Watch(fd)
-        watch.waiters[future] = waiter
+        watch.waiters.setdefault(future, []).append(waiter)
 
-    def unwatch(self, loop: asyncio.AbstractEventLoop, future: RingFuture) -> None:
+    def unwatch(self, loop: asyncio.AbstractEventLoop, future: RingFuture, waiter: "asyncio.Future[None]") -> None:
+        """Undo :meth:`watch` of ``waiter`` (and drop ``future``'s waiters already set)."""
         watch = self._watchers.get(loop)
         if watch is None:
             return
-        watch.waiters.pop(future, None)
+        waiters = [w for w in watch.waiters.get(future, ()) if w is not waiter and not w.done()]
+        if waiters:
+            watch.waiters[future] = waiters
+        else:
+            watch.waiters.pop(future, None)
         if not watch.waiters:
-            del self._watchers[loop]
+            fd = watch.fd
+            del self._watchers[loop]  # (no call since the read: nobody finds the watch after this)
             try:
-                loop.remove_reader(watch.fd)
+                loop.remove_reader(fd)
             finally:
-                os.close(watch.fd)
+                os.close(fd)
 
-    def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Drive the ring (reap, refill) in ``loop``'s thread and wake the awaits that
-        ended; if driving raised, wake them all (each finds out why from :meth:`wait`)."""
+    def _on_readable(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """Drive the ring (reap, refill) in ``loop``'s thread; the awaits that ended are
+        woken by :meth:`_pump`. If driving raised, wake them all (each finds out why from
+        :meth:`wait`). A registration left behind by an interrupted :meth:`unwatch` is
+        removed (it would make the loop spin)."""
         watch = self._watchers.get(loop)
-        if watch is None:
+        if watch is None or watch.fd != fd:
+            loop.remove_reader(fd)
             return
         try:
             with self._lock:
@@ -901,13 +950,45 @@ class Ring:
                         self._interrupted = True
                         raise
         except BaseException:
-            for waiter in watch.waiters.values():
-                if not waiter.done():
-                    waiter.set_result(None)
+            for waiters in list(watch.waiters.values()):
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
             raise
-        for future, waiter in watch.waiters.items():
-            if not future._pending and not waiter.done():
-                waiter.set_result(None)
+
+    def _notify_watchers(self) -> None:
+        """Wake, in their loops, the awaits of futures that have ended (after a pump, in
+        whichever thread: an await must not sleep until its next recheck because another
+        caller reaped its batch's last completion)."""
+        try:
+            running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, watch in list(self._watchers.items()):
+            if watch.waking:
+                continue
+            if not any(not f._pending and any(not w.done() for w in ws) for f, ws in list(watch.waiters.items())):
+                continue
+            if loop is running:
+                self._wake_ended(loop)
+                continue
+            try:
+                loop.call_soon_threadsafe(self._wake_ended, loop)
+            except RuntimeError:  # the loop is closed: nobody waits there any more
+                continue
+            watch.waking = True
+
+    def _wake_ended(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Set the waiters, in ``loop``, of the futures that have ended (in the loop's thread)."""
+        watch = self._watchers.get(loop)
+        if watch is None:
+            return
+        watch.waking = False
+        for future, waiters in list(watch.waiters.items()):
+            if not future._pending:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     # ------------------------------------------------------------------ teardown
 

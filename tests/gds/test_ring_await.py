@@ -121,3 +121,74 @@ def test_cancelling_an_await_leaves_the_batch_running(setup):
 
 async def _awaited(future):
     return await future
+
+
+@pytest.fixture
+def no_recheck(monkeypatch):
+    """An await's periodic recheck every 50 ms, made 30 s: an await that ends within the
+    tests' limits was woken, not found by a recheck."""
+    import gdskv.gds.ring as ring_module
+
+    monkeypatch.setattr(ring_module, "_POLL_MS", 30_000)
+
+
+def test_an_await_is_woken_when_another_caller_reaps_its_batch(setup, no_recheck):
+    """Coroutines each submitting and awaiting batches on one ring: a coroutine's submit() or
+    done() often reaps another's completions, after which the ring's descriptor is no longer
+    readable. Before, that await slept until its recheck (50 ms; 30 s here)."""
+    engine, fd, path, data = setup
+
+    async def worker(seed):
+        for i in range(100):
+            requests, outs = _reads(fd, path, [(seed * 131 + i * 7) % PAGES])
+            assert await engine.submit(requests) == [PAGE]
+            assert outs[0] == data[requests[0].offset : requests[0].offset + PAGE]
+
+    async def main():
+        await asyncio.wait_for(asyncio.gather(*(worker(seed) for seed in range(16))), 20)
+
+    asyncio.run(main())
+
+
+def test_two_tasks_awaiting_one_batch_both_end(setup, no_recheck):
+    engine, fd, path, data = setup
+
+    async def main():
+        requests, outs = _reads(fd, path, range(PAGES))
+        future = engine.submit(requests)
+        return await asyncio.wait_for(asyncio.gather(_awaited(future), _awaited(future)), 5)
+
+    first, second = asyncio.run(main())
+    assert first == second == [PAGE] * PAGES
+
+
+def test_an_exception_right_after_the_loop_starts_watching_leaves_nothing_registered(setup):
+    """A handler raising right after add_reader returned: the loop must not keep the
+    duplicate descriptor registered after it is closed (the next file given the number
+    would be taken for it, and the loop would spin on the ring's completions)."""
+    engine, fd, path, data = setup
+    before = _open_fds()
+
+    class Interrupted(BaseException):
+        pass
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        real = loop.add_reader
+
+        def add_then_raise(*args):
+            real(*args)
+            loop.add_reader = real
+            raise Interrupted()
+
+        loop.add_reader = add_then_raise
+        requests, _ = _reads(fd, path, range(PAGES))
+        future = engine.submit(requests)
+        with pytest.raises(Interrupted):
+            await future
+        registered = [key.fd for key in loop._selector.get_map().values() if key.fd not in (loop._ssock.fileno(), loop._csock.fileno())]
+        future.result(timeout=10)
+        return registered
+
+    assert asyncio.run(main()) == []
+    assert _open_fds() == before

@@ -443,3 +443,105 @@ def test_a_full_submission_queue_breaks_the_ring_and_every_request_ends(tmp_path
     finally:
         ring.close()
         os.close(fd)
+
+
+def test_a_broken_ring_interrupted_while_failing_its_entries_still_ends_everything(tmp_path):
+    """io_uring_enter fails, and a handler raises while the ring fails the entries the kernel
+    never took: those stay listed as in flight, though they can never complete. The ring
+    repairs itself once the kernel holds nothing else (before, submit(), wait() and close()
+    waited for them forever)."""
+    import errno
+    import sys
+    import threading
+
+    from gdskv.gds.uring import UringEngine
+
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(64 * PAGE))
+    engine = UringEngine(direct=True, depth=8)
+    fd = engine.open_file(path, os.O_RDONLY)
+    ring = engine._ring()
+    real = ring._L
+
+    class Lib:
+        failed = False
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def io_uring_submit(self, r):
+            if not Lib.failed:
+                Lib.failed = True
+                raise OSError(errno.EIO, "Input/output error")
+            return real.io_uring_submit(r)
+
+        def io_uring_sq_ready(self, r):
+            n = real.io_uring_sq_ready(r)
+            if sys._getframe(1).f_code.co_name == "_abort_unsubmitted":
+                raise Interrupted()  # at the check point after this call
+            return n
+
+    ring._L = Lib()
+    outcome = []
+
+    def run():  # on this thread's ring, from another thread: a hang there fails the test
+        try:
+            ring.submit([IoRequest.read(fd, i * PAGE, memoryview(bytearray(PAGE)), path=str(path)) for i in range(3)])
+        except Interrupted:
+            outcome.append("interrupted")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert outcome == ["interrupted"]
+    assert ring.broken and not ring._inflight
+    closing = threading.Thread(target=engine.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive()
+    os.close(fd)
+
+
+def test_a_raising_submit_waits_for_its_own_entries_only(tmp_path):
+    """submit() raising takes its batch back, waiting only for its own entries in the kernel,
+    not for another batch's (a pipe read that may never end, here)."""
+    import sys
+    import threading
+
+    from gdskv.gds.engine import IoOp
+    from gdskv.gds.uring import UringEngine
+
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(16 * PAGE))
+    engine = UringEngine(direct=True)
+    fd = engine.open_file(path, os.O_RDONLY)
+    r, w = os.pipe()
+    held = engine.submit([IoRequest(IoOp.READ, r, 0, [memoryview(bytearray(10))], "pipe", False)])
+    ring = engine._ring()  # (this thread's, which holds the pipe read)
+    outcome = []
+
+    def raise_at_pump(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_pump":
+            sys.setprofile(None)
+            raise Interrupted()
+
+    def run():
+        sys.setprofile(raise_at_pump)
+        try:
+            ring.submit([IoRequest.read(fd, 0, memoryview(bytearray(2 * PAGE)), path=str(path))])
+        except Interrupted:
+            outcome.append("interrupted")
+        finally:
+            sys.setprofile(None)
+
+    try:
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert outcome == ["interrupted"] and not held.done()
+    finally:
+        os.write(w, b"x" * 10)
+        assert held.result(timeout=10) == [10]
+        engine.close()
+        for f in (r, w, fd):
+            os.close(f)
