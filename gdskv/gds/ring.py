@@ -629,13 +629,7 @@ class Ring:
         replaces it), rather than wait for a completion that cannot come."""
         self._put -= 1
         exc = OSError(errno.EIO, "io_uring submission queue full (the ring's bookkeeping is wrong)")
-        op = self._inflight.pop(ident)
-        if op.__class__ is _Small:
-            self._fail_any(op, request_error(op.request, op.request.offset, exc))
-        else:
-            self._reading -= op.reading
-            op.reading = 0
-            self._fail_any(op, request_error(op.req.request, op.offset, exc))
+        self._fail_unrun(self._inflight.pop(ident), exc)
         self._abort_unsubmitted(exc, end=ident)  # (this entry, the last id given, was not put)
 
     def _template(self, count: int) -> Template:
@@ -673,14 +667,17 @@ class Ring:
         unsubmitted = self._L.io_uring_sq_ready(self._ring)
         for ident in range(end - unsubmitted, end):
             op = self._inflight.pop(ident, None)
-            if op is None:
-                continue
-            if op.__class__ is _Small:
-                self._fail_any(op, request_error(op.request, op.request.offset, exc))
-            else:
-                self._reading -= op.reading
-                op.reading = 0
-                self._fail_any(op, request_error(op.req.request, op.offset, exc))
+            if op is not None:
+                self._fail_unrun(op, exc)
+
+    def _fail_unrun(self, op: "Union[_Op, _Small]", exc: OSError) -> None:
+        """Fail ``op``, just taken out of flight: the kernel never took its entry."""
+        if op.__class__ is _Small:
+            self._fail_any(op, request_error(op.request, op.request.offset, exc))  # type: ignore[union-attr]
+        else:
+            self._reading -= op.reading  # type: ignore[union-attr]
+            op.reading = 0  # type: ignore[union-attr]
+            self._fail_any(op, request_error(op.req.request, op.offset, exc))  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ completion
 

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+from awaiting import awaited, cancel_an_await
 from conftest import block, uring_unavailable
 from gdskv.errors import InvalidValueError, IoError, StoreClosedError
 from gdskv.gds import IoRequest, make_engine
@@ -620,7 +621,7 @@ def test_a_failed_request_does_not_end_the_wait_for_the_others(tmp_path, held_re
             future.outcomes(timeout=0.05)
 
         async def wait():
-            task = asyncio.ensure_future(_awaited(future))
+            task = asyncio.ensure_future(awaited(future))
             await asyncio.sleep(0.05)
             assert not task.done()  # the failed request alone does not end it
             held_reads.set()
@@ -635,10 +636,6 @@ def test_a_failed_request_does_not_end_the_wait_for_the_others(tmp_path, held_re
         engine.close()
 
 
-async def _awaited(future):
-    return await future
-
-
 def test_cancelling_an_await_leaves_the_requests_running(tmp_path, held_reads):
     from gdskv.gds.psync import PsyncEngine
 
@@ -650,14 +647,7 @@ def test_cancelling_an_await_leaves_the_requests_running(tmp_path, held_reads):
     try:
         future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
 
-        async def cancel():
-            task = asyncio.ensure_future(_awaited(future))
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-
-        asyncio.run(cancel())
+        cancel_an_await(future, after=0.05)
         held_reads.set()
         assert future.outcomes(timeout=10) == [4096] * 3
         assert b"".join(outs) == block(2, 3 * 4096)

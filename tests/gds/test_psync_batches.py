@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from awaiting import await_with_the_executor_busy
 from conftest import block
 from gdskv.gds.engine import IoRequest
 from gdskv.gds.psync import PsyncEngine
@@ -184,8 +185,6 @@ def test_any_exception_a_request_raises_is_its_outcome_and_the_batch_goes_on(tmp
 def test_await_needs_no_free_executor_thread(tmp_path, monkeypatch):
     """Awaiting a batch holds no thread: it returns while the loop's default executor is
     busy (before, it waited for a thread there, after the requests had all ended)."""
-    import asyncio
-    import concurrent.futures
     import time
 
     real = os.preadv
@@ -200,27 +199,12 @@ def test_await_needs_no_free_executor_thread(tmp_path, monkeypatch):
     engine = PsyncEngine(threads=4)
     fd = os.open(path, os.O_RDONLY)
 
-    async def main():
-        loop = asyncio.get_running_loop()
-        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
-        gate = threading.Event()
-        busy = loop.run_in_executor(None, gate.wait, 30)
-        try:
-            future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(8)])
-            return await asyncio.wait_for(_awaited(future), 5)
-        finally:
-            gate.set()
-            await busy
-
     try:
-        assert asyncio.run(main()) == [4096] * 8
+        submit = lambda: engine.submit([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(8)])  # noqa: E731
+        assert await_with_the_executor_busy(submit) == [4096] * 8
     finally:
         os.close(fd)
         engine.close()
-
-
-async def _awaited(future):
-    return await future
 
 
 def test_a_small_read_started_by_a_signal_handler_does_not_share_the_interrupted_reads_staging(tmp_path):

@@ -4,12 +4,12 @@ and drives the ring itself when completions are in."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import os
 import threading
 
 import pytest
 
+from awaiting import await_with_the_executor_busy, awaited, cancel_an_await
 from conftest import block, uring_unavailable
 from gdskv.gds.engine import IoRequest
 
@@ -48,23 +48,14 @@ def test_await_needs_no_free_executor_thread(setup):
     the batch ended but the await did not."""
     engine, fd, path, data = setup
 
-    async def main():
-        loop = asyncio.get_running_loop()
-        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
-        gate = threading.Event()
-        busy = loop.run_in_executor(None, gate.wait, 30)
-        try:
-            requests, outs = _reads(fd, path, range(PAGES))
-            future = engine.submit(requests)
-            assert not future.done()  # still in flight when the await starts
-            got = await asyncio.wait_for(_awaited(future), 5)
-            return got, outs
-        finally:
-            gate.set()
-            await busy
+    requests, outs = _reads(fd, path, range(PAGES))
 
-    got, outs = asyncio.run(main())
-    assert got == [PAGE] * PAGES and b"".join(outs) == data
+    def submit():
+        future = engine.submit(requests)
+        assert not future.done()  # still in flight when the await starts
+        return future
+
+    assert await_with_the_executor_busy(submit) == [PAGE] * PAGES and b"".join(outs) == data
 
 
 def test_many_awaits_on_one_ring_in_one_loop_all_end_and_close_their_watch(setup):
@@ -74,7 +65,7 @@ def test_many_awaits_on_one_ring_in_one_loop_all_end_and_close_their_watch(setup
     async def main():
         batches = [_reads(fd, path, range(i, PAGES, 16)) for i in range(16)]
         futures = [engine.submit(requests) for requests, _ in batches]  # all on this thread's ring
-        got = await asyncio.gather(*(_awaited(f) for f in futures))
+        got = await asyncio.gather(*(awaited(f) for f in futures))
         return got, batches
 
     got, batches = asyncio.run(main())
@@ -95,7 +86,7 @@ def test_an_await_drives_the_ring_of_the_thread_that_submitted(setup):
     thread.join()
 
     async def main():
-        return await asyncio.wait_for(_awaited(submitted[0]), 10)
+        return await asyncio.wait_for(awaited(submitted[0]), 10)
 
     assert asyncio.run(main()) == [PAGE] * len(requests)
     assert all(out == data[r.offset : r.offset + PAGE] for r, out in zip(requests, outs))
@@ -106,21 +97,9 @@ def test_cancelling_an_await_leaves_the_batch_running(setup):
     before = _open_fds()
     requests, outs = _reads(fd, path, range(PAGES))
     future = engine.submit(requests)
-
-    async def cancel():
-        task = asyncio.ensure_future(_awaited(future))
-        await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(cancel())
+    cancel_an_await(future, after=0)
     assert future.result(timeout=10) == [PAGE] * PAGES and b"".join(outs) == data
     assert _open_fds() == before
-
-
-async def _awaited(future):
-    return await future
 
 
 @pytest.fixture
@@ -156,7 +135,7 @@ def test_two_tasks_awaiting_one_batch_both_end(setup, no_recheck):
     async def main():
         requests, outs = _reads(fd, path, range(PAGES))
         future = engine.submit(requests)
-        return await asyncio.wait_for(asyncio.gather(_awaited(future), _awaited(future)), 5)
+        return await asyncio.wait_for(asyncio.gather(awaited(future), awaited(future)), 5)
 
     first, second = asyncio.run(main())
     assert first == second == [PAGE] * PAGES

@@ -251,21 +251,30 @@ def test_an_oserror_a_handler_raises_after_a_submission_propagates(tmp_path):
 
     lib = _FailingSubmits(0, TimeoutError, once=True)
     ring = Ring(lib, depth=8, slots=8, chunk_bytes=64 << 10, fixed=False)
-    path = tmp_path / "data"
-    data = os.urandom(64 * PAGE)
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
+    path, data, fd = _pages(tmp_path, 64)
     try:
-        outs = [bytearray(PAGE) for _ in range(64)]
         with pytest.raises(TimeoutError):
-            ring.submit([IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+            ring.submit(_page_reads(fd, path, [bytearray(PAGE) for _ in range(64)]))
         assert not ring.broken
         again = [bytearray(PAGE) for _ in range(64)]
-        assert ring.submit([IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(again)]).result(timeout=10) == [PAGE] * 64
+        assert ring.submit(_page_reads(fd, path, again)).result(timeout=10) == [PAGE] * 64
         assert b"".join(again) == data
     finally:
         ring.close()
         os.close(fd)
+
+
+def _pages(tmp_path, count: int):
+    """A file of ``count`` random pages, open for reading: (path, its bytes, descriptor)."""
+    path = tmp_path / "data"
+    data = os.urandom(count * PAGE)
+    path.write_bytes(data)
+    return path, data, os.open(path, os.O_RDONLY)
+
+
+def _page_reads(fd: int, path, outs):
+    """Requests reading page ``i`` into ``outs[i]``."""
+    return [IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(outs)]
 
 
 class _CheckPoints:
@@ -429,13 +438,10 @@ def test_a_full_submission_queue_breaks_the_ring_and_every_request_ends(tmp_path
             return False if FullAtThird.calls == 3 else liburing.put_sqe(ring, sqe)
 
     ring = Ring(FullAtThird(), depth=8, slots=8, chunk_bytes=64 << 10, fixed=False)
-    path = tmp_path / "data"
-    data = os.urandom(16 * PAGE)
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
+    path, data, fd = _pages(tmp_path, 16)
     try:
         outs = [bytearray(PAGE) for _ in range(16)]
-        future = ring.submit([IoRequest.read(fd, i * PAGE, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+        future = ring.submit(_page_reads(fd, path, outs))
         outcomes = future.outcomes(timeout=5)
         assert ring.broken and isinstance(outcomes[2], IoError)
         for i, outcome in enumerate(outcomes):
