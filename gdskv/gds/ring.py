@@ -108,6 +108,8 @@ class RingFuture(DrivenFuture):
         self._requests = requests  # for the error of a request whose work was lost (Ring._repair)
 
     def _resolve(self, index: int, value: Union[int, BaseException]) -> None:
+        if self._values[index] is not None:  # ended already (as lost, by a withdrawn submit)
+            return
         self._values[index] = value
         self._pending -= 1
         self._order.append(index)
@@ -137,8 +139,8 @@ class RingFuture(DrivenFuture):
             ring = self._ring
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
-            ring.watch(loop, self, waiter)
             try:
+                ring.watch(loop, self, waiter)
                 while self._pending:
                     if waiter.done():  # woken, yet not ended: wait again (never spin)
                         old, waiter = waiter, loop.create_future()
@@ -154,7 +156,7 @@ class RingFuture(DrivenFuture):
 class _Watch:
     """An event loop's watch of a ring (see :meth:`Ring.watch`)."""
 
-    __slots__ = ("fd", "waiters", "waking")
+    __slots__ = ("fd", "waiters", "waking", "registered")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd  # the loop's duplicate of the ring's descriptor
@@ -162,6 +164,8 @@ class _Watch:
         self.waiters: Dict[RingFuture, List["asyncio.Future[None]"]] = {}
         #: A wake-up is scheduled in the loop (:meth:`Ring._notify_watchers`).
         self.waking = False
+        #: The loop may have ``fd`` registered (cleared before the reader is removed).
+        self.registered = False
 
 
 class _Req:
@@ -332,6 +336,9 @@ class Ring:
                     except BaseException:
                         self._interrupted = True
                         raise
+                if any(_future_of(op) is future for op in self._backlog):  # resumed after a short transfer
+                    self._interrupted = True  # (repair gives back the slots they hold)
+                    self._backlog = collections.deque(op for op in self._backlog if _future_of(op) is not future)
                 if self.closed or not any(_future_of(op) is future for op in self._inflight.values()):
                     for index, value in enumerate(future._values):
                         if value is None:
@@ -708,9 +715,10 @@ class Ring:
                         dst[:] = views[slot][skip : skip + n]
                         free.append(slot)
                         future = op.future
-                        future._values[op.index] = n
-                        future._pending -= 1
-                        future._order.append(op.index)
+                        if future._values[op.index] is None:
+                            future._values[op.index] = n
+                            future._pending -= 1
+                            future._order.append(op.index)
                     else:
                         self._complete_small(op, res)  # type: ignore[arg-type]
                 elif op is not None:
@@ -890,44 +898,38 @@ class Ring:
         (readable when completions are in) and drives the ring then (:meth:`_on_readable`);
         ``waiter`` is set once ``future`` has ended, whichever thread reaped its last
         completion (:meth:`_notify_watchers`). One watch per loop serves every future awaited
-        there. Call from the loop's thread; undo with :meth:`unwatch`.
+        there. Call from the loop's thread; undo with :meth:`unwatch` (also after this raised).
 
         The loop watches a duplicate of the descriptor, closed by the last :meth:`unwatch`
-        after the loop has let go of it: closing the ring cannot free the number while the
-        loop still has it registered (the next file to get it would be confused with it)."""
+        once the loop has let go of it: closing the ring cannot free the number while the loop
+        still has it registered (the next file to get it would be confused with it). The watch
+        is listed before the reader is added and until after it is removed, so an exception
+        anywhere here leaves it for the next :meth:`unwatch` to finish."""
         watch = self._watchers.get(loop)
         if watch is None:
-            fd = -1
-            try:
-                fd = os.dup(self._ring.ring_fd)
-                loop.add_reader(fd, self._on_readable, loop, fd)
-                watch = self._watchers[loop] = _Watch(fd)
-            except BaseException:
-                if fd >= 0:
-                    try:
-                        loop.remove_reader(fd)
-                    finally:
-                        os.close(fd)
-                raise
+            watch = self._watchers[loop] = _Watch(os.dup(self._ring.ring_fd))
+        if not watch.registered:
+            watch.registered = True
+            loop.add_reader(watch.fd, self._on_readable, loop, watch.fd)
         watch.waiters.setdefault(future, []).append(waiter)
 
     def unwatch(self, loop: asyncio.AbstractEventLoop, future: RingFuture, waiter: "asyncio.Future[None]") -> None:
-        """Undo :meth:`watch` of ``waiter`` (and drop ``future``'s waiters already set)."""
+        """Undo :meth:`watch` of ``waiter``; waiters already set, of any future, go too. The
+        last one out removes the loop's reader and closes its descriptor."""
         watch = self._watchers.get(loop)
         if watch is None:
             return
-        waiters = [w for w in watch.waiters.get(future, ()) if w is not waiter and not w.done()]
-        if waiters:
-            watch.waiters[future] = waiters
-        else:
-            watch.waiters.pop(future, None)
+        for awaited, waiters in list(watch.waiters.items()):
+            kept = [w for w in waiters if w is not waiter and not w.done()]
+            if kept:
+                watch.waiters[awaited] = kept
+            else:
+                watch.waiters.pop(awaited, None)
         if not watch.waiters:
-            fd = watch.fd
-            del self._watchers[loop]  # (no call since the read: nobody finds the watch after this)
-            try:
-                loop.remove_reader(fd)
-            finally:
-                os.close(fd)
+            watch.registered = False
+            loop.remove_reader(watch.fd)
+            del self._watchers[loop]  # (no call between this and the close)
+            os.close(watch.fd)
 
     def _on_readable(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         """Drive the ring (reap, refill) in ``loop``'s thread; the awaits that ended are
@@ -962,18 +964,18 @@ class Ring:
         except RuntimeError:
             running = None
         for loop, watch in list(self._watchers.items()):
+            if loop is running:
+                self._wake_ended(loop)
+                continue
             if watch.waking:
                 continue
             if not any(not f._pending and any(not w.done() for w in ws) for f, ws in list(watch.waiters.items())):
                 continue
-            if loop is running:
-                self._wake_ended(loop)
-                continue
+            watch.waking = True  # (before the call: the loop may run the wake-up before it returns)
             try:
                 loop.call_soon_threadsafe(self._wake_ended, loop)
             except RuntimeError:  # the loop is closed: nobody waits there any more
-                continue
-            watch.waking = True
+                watch.waking = False
 
     def _wake_ended(self, loop: asyncio.AbstractEventLoop) -> None:
         """Set the waiters, in ``loop``, of the futures that have ended (in the loop's thread)."""

@@ -11,7 +11,7 @@ import pytest
 
 from awaiting import await_with_the_executor_busy, awaited, cancel_an_await
 from conftest import block, uring_unavailable
-from gdskv.gds.engine import IoRequest
+from gdskv.gds.engine import IoOp, IoRequest
 
 pytestmark = pytest.mark.skipif(uring_unavailable() is not None, reason=str(uring_unavailable()))
 
@@ -171,3 +171,54 @@ def test_an_exception_right_after_the_loop_starts_watching_leaves_nothing_regist
 
     assert asyncio.run(main()) == []
     assert _open_fds() == before
+
+
+def test_wakes_from_other_threads_keep_coming(setup, no_recheck, monkeypatch):
+    """Another thread reaps each batch (the loop's own reader is made to do nothing) and
+    wakes the await through the loop; the loop runs that wake-up before the scheduling call
+    returns (the GIL passed to it). Before, the wake-up being scheduled was marked after the
+    call, so the mark stayed and every later wake-up was skipped."""
+    import time
+
+    from gdskv.gds.ring import Ring
+
+    engine, fd, path, data = setup
+    monkeypatch.setattr(Ring, "_on_readable", lambda self, loop, fd: None)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+
+        def and_let_the_loop_run(*args):
+            handle = real(*args)
+            time.sleep(0.05)
+            return handle
+
+        loop.call_soon_threadsafe = and_let_the_loop_run
+        r, w = os.pipe()  # a batch awaited throughout keeps the loop's watch of the ring alive
+        held = engine.submit([IoRequest(IoOp.READ, r, 0, [memoryview(bytearray(4))], "pipe", False)])
+        background = asyncio.ensure_future(awaited(held))
+        try:
+            for _ in range(3):  # batches the kernel holds until the driver thread lets them end
+                pr, pw = os.pipe()
+                future = engine.submit([IoRequest(IoOp.READ, pr, 0, [memoryview(bytearray(2))], "pipe", False)])
+
+                def drive():
+                    time.sleep(0.02)  # the await has started
+                    os.write(pw, b"ok")
+                    future.outcomes(5)
+
+                driver = threading.Thread(target=drive)
+                driver.start()
+                assert await asyncio.wait_for(awaited(future), 5) == [2]
+                driver.join()
+                os.close(pr)
+                os.close(pw)
+        finally:
+            os.write(w, b"done")
+            threading.Thread(target=held.outcomes, args=(5,)).start()
+            assert await asyncio.wait_for(background, 5) == [4]
+            os.close(r)
+            os.close(w)
+
+    asyncio.run(main())

@@ -551,3 +551,47 @@ def test_a_raising_submit_waits_for_its_own_entries_only(tmp_path):
         engine.close()
         for f in (r, w, fd):
             os.close(f)
+
+
+def test_a_raising_submit_takes_back_an_op_resumed_after_a_short_read(tmp_path, monkeypatch):
+    """submit() raising right after io_uring_submit, its read coming back short (the file ends)
+    and resumed from the backlog while another batch keeps the kernel busy: the resumed op
+    leaves with the batch. Before, it ran after submit() had raised, writing into the
+    buffer the caller had back, and ended its request a second time."""
+    from gdskv.gds.engine import IoOp
+    from gdskv.gds.ring import Ring
+    from gdskv.gds.uring import UringEngine
+
+    path = tmp_path / "data"
+    path.write_bytes(b"A" * 10 * PAGE)
+    engine = UringEngine(direct=False)
+    fd = engine.open_file(path, os.O_RDONLY)
+    r, w = os.pipe()
+    held = engine.submit([IoRequest(IoOp.READ, r, 0, [memoryview(bytearray(16))], "pipe", False)])
+    real = Ring._submit
+    raised = []
+
+    def submit_then_raise(self):
+        real(self)
+        if not raised:
+            raised.append(True)
+            raise Interrupted()
+
+    monkeypatch.setattr(Ring, "_submit", submit_then_raise)
+    buffer = memoryview(bytearray(16 * PAGE))
+    try:
+        with pytest.raises(Interrupted):
+            engine.submit([IoRequest.read(fd, 0, buffer, path=str(path))])
+        monkeypatch.setattr(Ring, "_submit", real)
+        buffer[:] = bytes(len(buffer))  # the caller's again
+        with open(path, "ab") as f:
+            f.write(b"B" * 6 * PAGE)  # a resumed read would now find these
+        os.write(w, b"x" * 16)
+        assert held.result(timeout=10) == [16]
+        engine.run([IoRequest.read(fd, 0, memoryview(bytearray(PAGE)), path=str(path))])  # the ring repairs, goes on
+        assert bytes(buffer) == bytes(len(buffer))
+        assert all(f._pending >= 0 and len(f._order) == len(set(f._order)) for f in list(engine._ring()._futures))
+    finally:
+        engine.close()
+        for f in (r, w, fd):
+            os.close(f)
