@@ -95,6 +95,7 @@ def _lost(request: IoRequest, offset: int) -> IoError:
 
 
 def _future_of(op: "Union[_Op, _Small]") -> "RingFuture":
+    """The future of the batch ``op`` belongs to."""
     return op.future if op.__class__ is _Small else op.req.future  # type: ignore[union-attr]
 
 
@@ -132,9 +133,10 @@ class RingFuture(DrivenFuture):
 
     def __await__(self) -> Generator[Any, None, List[int]]:
         """Wait without holding a thread: the event loop watches the ring's descriptor and
-        drives the ring in its own thread when completions are in (:meth:`Ring.watch`), and
-        at least every ``_POLL_MS`` (another thread may have reaped this batch's last
-        completion). Cancelling the awaiting task stops the wait, not the requests."""
+        drives the ring in its own thread when completions are in (:meth:`Ring.watch`);
+        whoever else reaps the batch's last completion wakes this await in its loop
+        (:meth:`Ring._notify_watchers`), and it rechecks every ``_POLL_MS`` besides.
+        Cancelling the awaiting task stops the wait, not the requests."""
         if not self.done():
             ring = self._ring
             loop = asyncio.get_running_loop()
