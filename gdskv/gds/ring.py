@@ -161,7 +161,7 @@ class _Watch:
     __slots__ = ("fd", "waiters", "waking", "registered")
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd  # the loop's duplicate of the ring's descriptor
+        self.fd = fd  # the loop's duplicate of the ring's descriptor (-1: not made yet)
         #: The waiters of each future awaited in the loop (one per awaiting task).
         self.waiters: Dict[RingFuture, List["asyncio.Future[None]"]] = {}
         #: A wake-up is scheduled in the loop (:meth:`Ring._notify_watchers`).
@@ -909,7 +909,9 @@ class Ring:
         anywhere here leaves it for the next :meth:`unwatch` to finish."""
         watch = self._watchers.get(loop)
         if watch is None:
-            watch = self._watchers[loop] = _Watch(os.dup(self._ring.ring_fd))
+            watch = self._watchers[loop] = _Watch(-1)
+        if watch.fd < 0:
+            watch.fd = os.dup(self._ring.ring_fd)
         if not watch.registered:
             watch.registered = True
             loop.add_reader(watch.fd, self._on_readable, loop, watch.fd)
@@ -929,9 +931,11 @@ class Ring:
                 watch.waiters.pop(awaited, None)
         if not watch.waiters:
             watch.registered = False
-            loop.remove_reader(watch.fd)
+            if watch.fd >= 0:
+                loop.remove_reader(watch.fd)
             del self._watchers[loop]  # (no call between this and the close)
-            os.close(watch.fd)
+            if watch.fd >= 0:
+                os.close(watch.fd)
 
     def _on_readable(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         """Drive the ring (reap, refill) in ``loop``'s thread; the awaits that ended are
