@@ -196,7 +196,8 @@ class DrivenFuture(IoFuture):
     waiters move the work on: a subclass implements :meth:`_wait` (the ``uring`` engine
     drives its ring; ``psync`` runs requests not yet started) and may implement
     :meth:`_progress`. Outcomes go to ``_values`` (by request), ``_order`` (the order they
-    ended in) and ``_pending`` (how many have not), through the subclass."""
+    ended in) and ``_pending`` (how many have not), through the subclass, which also
+    implements ``__await__``."""
 
     #: While a caller goes through completed requests (:meth:`as_completed`), the work is
     #: moved on (:meth:`_progress`) after every this many: a large batch being verified
@@ -251,12 +252,9 @@ class DrivenFuture(IoFuture):
                 raise TimeoutError(f"{self._pending} I/O requests still in flight")
             self._wait(remaining, resolved=seen)
 
-    def __await__(self) -> Generator[Any, None, List[int]]:
-        # Both engines' futures override this to wait without a thread; this fallback waits
-        # on an executor thread, which may move the work on meanwhile.
-        if not self.done():
-            yield from asyncio.get_running_loop().run_in_executor(None, self._wait, None).__await__()
-        return self.result(0)
+    def __await__(self) -> Generator[Any, None, List[int]]:  # pragma: no cover
+        """Wait without holding a thread (each engine's future knows what wakes it)."""
+        raise NotImplementedError
 
 
 class IoEngine:

@@ -54,7 +54,7 @@ import select
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Generator, List, Optional, Sequence, Union
+from typing import Any, Collection, Deque, Dict, Generator, List, Optional, Sequence, Set, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
@@ -89,7 +89,7 @@ READ_INFLIGHT_BYTES = 8 << 20
 def _lost(request: IoRequest, offset: int) -> IoError:
     """The error of a request whose work an exception cut short (see :meth:`Ring._repair`)."""
     return IoError(
-        f"{request.op.value} abandoned: an exception (a signal handler's?) interrupted the I/O engine while it handled the request",
+        f"{request.op.value} abandoned: an exception (a signal handler's, say) cut short the I/O engine's handling of it",
         path=request.path, offset=offset, errno=errno.EINTR,  # says nothing of the file or its bytes
     )
 
@@ -114,6 +114,13 @@ class RingFuture(DrivenFuture):
         self._values[index] = value
         self._pending -= 1
         self._order.append(index)
+
+    def _end_lost(self, keep: "Collection[int]" = ()) -> None:
+        """End as lost (:func:`_lost`) each request not ended yet, but those in ``keep``."""
+        for index, value in enumerate(self._values):
+            if value is None and index not in keep:
+                request = self._requests[index]
+                self._resolve(index, _lost(request, request.offset))
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
         self._ring.wait(self, timeout, resolved)
@@ -317,7 +324,6 @@ class Ring:
                 self._submit_locked(future, requests)
             except BaseException as exc:
                 self._interrupted = True  # a plain store: no signal handler runs before it
-                self._backlog = collections.deque(op for op in self._backlog if _future_of(op) is not future)
                 error = exc
         if error is not None:
             self._withdraw(future)
@@ -325,27 +331,22 @@ class Ring:
         return future
 
     def _withdraw(self, future: RingFuture) -> None:
-        """Take back the batch of a :meth:`submit` that is raising, whose ops not issued
-        have left the backlog: wait (the lock released while waiting) until no op of it is
-        in flight, then end its requests not ended as lost. The caller gets no future, so
-        its buffers must be its own again when ``submit()`` raises. Other batches go on."""
+        """Take back the batch of a :meth:`submit` that is raising (the ring is interrupted):
+        its ops leave the backlog (those not issued, and any resumed after a short transfer),
+        and this waits, the lock released, until none of them is in flight; then its
+        requests not ended end as lost. The caller gets no future, so its buffers must be
+        its own again when ``submit()`` raises. Other batches go on."""
         poller = None
         while True:
             with self._lock:
-                if not self.closed:
-                    try:
-                        self._pump()  # interrupted: reaps, issues nothing until repaired
-                    except BaseException:
-                        self._interrupted = True
-                        raise
-                if any(_future_of(op) is future for op in self._backlog):  # resumed after a short transfer
+                if any(_future_of(op) is future for op in self._backlog):
                     self._interrupted = True  # (repair gives back the slots they hold)
                     self._backlog = collections.deque(op for op in self._backlog if _future_of(op) is not future)
-                if self.closed or not any(_future_of(op) is future for op in self._inflight.values()):
-                    for index, value in enumerate(future._values):
-                        if value is None:
-                            request = future._requests[index]
-                            future._resolve(index, _lost(request, request.offset))
+                if not self.closed:
+                    self._pump()  # interrupted: reaps, issues nothing until repaired
+                ops = list(self._backlog) + list(self._inflight.values())
+                if self.closed or not any(_future_of(op) is future for op in ops):
+                    future._end_lost()
                     return
             if poller is None:
                 poller = select.poll()
@@ -456,10 +457,15 @@ class Ring:
 
     def _pump(self) -> None:
         """Issue what fits, submit, reap; repeat while reaping freed room; then wake the
-        awaits whose futures ended (:meth:`_notify_watchers`). Lock held."""
-        self._drive()
-        if self._watchers:
-            self._notify_watchers()
+        awaits whose futures ended (:meth:`_notify_watchers`). Lock held. An exception
+        that escapes marks the ring interrupted: it may have cut the bookkeeping short."""
+        try:
+            self._drive()
+            if self._watchers:
+                self._notify_watchers()
+        except BaseException:
+            self._interrupted = True  # a plain store: no signal handler runs before it
+            raise
 
     def _drive(self) -> None:
         sq_ready = self._L.io_uring_sq_ready
@@ -803,32 +809,26 @@ class Ring:
         self._unsubmitted_bytes = 0
         self._templates = {}  # an iovec listed free twice would serve two entries at once
         held = set()
-        queued: Dict[int, _Req] = {}  # the requests with ops in the backlog, and how many
-        waiting: Dict[int, int] = {}
-        small = set()  # (future, index) of the small reads in the backlog
+        waiting: Dict[_Req, int] = {}  # the requests with ops in the backlog, and how many
+        queued: Dict[int, Set[int]] = {}  # by future's id: the indices of its requests in the backlog
         for op in self._backlog:
             if op.slot is not None:
                 held.add(op.slot)
             if op.__class__ is _Small:
-                small.add((id(op.future), op.index))
+                queued.setdefault(id(op.future), set()).add(op.index)
             else:
-                queued[id(op.req)] = op.req
-                waiting[id(op.req)] = waiting.get(id(op.req), 0) + 1
+                waiting[op.req] = waiting.get(op.req, 0) + 1
+                queued.setdefault(id(op.req.future), set()).add(op.req.index)
         self._free_slots = [slot for slot in range(len(self._slot_views) - 1, -1, -1) if slot not in held]
         self._slot_lens = [-1] * len(self._slot_views)
-        listed = set()
-        for key, req in queued.items():
-            listed.add((id(req.future), req.index))
-            if req.pending != waiting[key]:  # an op of it was lost
+        for req, count in waiting.items():
+            if req.pending != count:  # an op of it was lost
                 if req.error is None:
                     req.error = _lost(req.request, req.request.offset)
-                req.pending = waiting[key]
+                req.pending = count
         for future in list(self._futures):
             if future._pending:
-                for index, value in enumerate(future._values):
-                    if value is None and (id(future), index) not in listed and (id(future), index) not in small:
-                        request = future._requests[index]
-                        future._resolve(index, _lost(request, request.offset))
+                future._end_lost(keep=queued.get(id(future), ()))
         self._interrupted = False
 
     def _release_iov(self, op: _Op) -> None:
@@ -877,11 +877,7 @@ class Ring:
         while True:
             with self._lock:
                 if not self.closed:
-                    try:
-                        self._pump()
-                    except BaseException:
-                        self._interrupted = True  # a plain store: no signal handler runs before it
-                        raise
+                    self._pump()
                 if future._pending == 0 or (resolved is not None and len(future._order) > resolved):
                     return
                 if self.closed or (self.broken and not self._inflight):
@@ -949,11 +945,7 @@ class Ring:
         try:
             with self._lock:
                 if not self.closed:
-                    try:
-                        self._pump()
-                    except BaseException:
-                        self._interrupted = True
-                        raise
+                    self._pump()
         except BaseException:
             for waiters in list(watch.waiters.values()):
                 for waiter in waiters:
@@ -1006,11 +998,7 @@ class Ring:
         poller.register(self._ring.ring_fd, select.POLLIN)
         while True:
             with self._lock:
-                try:
-                    self._pump()
-                except BaseException:
-                    self._interrupted = True
-                    raise
+                self._pump()
                 if not self._inflight and not self._backlog:
                     self.closed = True
                     break
