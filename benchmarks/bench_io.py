@@ -497,8 +497,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ratios.setdefault(key, []).append(value / peer)
 
     try:
-        # Large objects. Every repeat measures fio and every engine x backend, so that
-        # each ratio compares figures taken minutes apart at most (the disk's speed drifts).
+        # Large objects. Every repeat measures every engine x backend, each right after fio
+        # does the same operations, so that a ratio compares figures taken seconds apart.
         for size in sizes:
             n = max(1, total // size)
             arena = Arena(n, size, args.seed + size, args.value_align)
@@ -544,7 +544,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             fio_job(rw="write", bs=min(MiB, rand_size), qd=8, size=rand_size)
         for r in range(args.repeat):
             for engine_name, backend_name in rotated(runs, r):
-                rand_peer = None
+                rand_peer = psync_peer = None
                 if fio:
                     rand_peer = fio_job(rw="randread", bs=4096, qd=args.rand_qd, size=rand_size, ios=args.rand_ops)
                     add(("fio", "rand", 4096), rand_peer)
@@ -552,12 +552,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                         psync_peer = fio_job(rw="randread", bs=4096, qd=1, size=rand_size, ios=args.rand_ops,
                                              ioengine="psync", jobs=engines["psync"].threads)
                         add(("fio", "rand psync", 4096), psync_peer)
-                        ratios.setdefault(("psync", backend_name, "rand psync", 4096), [])
                 backend = small[(engine_name, backend_name)]
                 got = gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r)
                 add_paired((engine_name, backend_name, "rand", 4096), got, rand_peer)
-                if fio and engine_name == "psync":
-                    ratios[("psync", backend_name, "rand psync", 4096)].append(got / psync_peer)
+                if psync_peer:  # (a ratio only: the figure is the row above's)
+                    ratios.setdefault(("psync", backend_name, "rand psync", 4096), []).append(got / psync_peer)
     finally:
         for backend in small.values():
             backend.close()
