@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import errno
 import logging
 import os
 import time
@@ -106,6 +107,15 @@ def request_error(request: IoRequest, offset: int, exc: BaseException) -> GdskvE
     if isinstance(exc, (ValueError, TypeError, BufferError)):
         return InvalidValueError(f"{request.op.value} buffers unusable for I/O: {exc}", **context)
     raise exc
+
+
+def abandoned_error(request: IoRequest, offset: int) -> IoError:
+    """The error of a request whose work an exception (a signal handler's, say) cut short
+    or withdrew before it ran: its errno, ``EINTR``, says nothing of the file or its bytes."""
+    return IoError(
+        f"{request.op.value} abandoned: an exception (a signal handler's, say) cut short the I/O engine's handling of it",
+        path=request.path, offset=offset, errno=errno.EINTR,
+    )
 
 
 def check_buffers(request: IoRequest) -> None:

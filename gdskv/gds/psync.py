@@ -8,7 +8,8 @@ waiting without a timeout takes requests too (unless it is the main thread, wher
 lands), so a batch costs a few pool hand-offs rather than one per request (on the test VM,
 4 KiB reads cost 64 us of CPU each with a pool task per request). Short transfers are
 retried from where they stopped; a transfer that makes no progress (EOF on read) raises
-:class:`IoError`.
+:class:`IoError`. A ``submit()`` that raises (a signal handler's exception as it hands the
+batch to the pool) first takes the batch back (:meth:`BatchFuture.withdraw`).
 
 Each completed buffered write starts write-back of its range at once (Linux
 ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, asynchronous), so the device is busy while later
@@ -32,12 +33,12 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Generator, List, Optional, Sequence, Union
+from typing import Any, Callable, Generator, List, Optional, Sequence, Tuple, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, check_buffers, request_error
+from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, abandoned_error, check_buffers, request_error
 
 #: Default staging chunk of each thread for unaligned O_DIRECT requests.
 CHUNK_BYTES = 4 << 20
@@ -73,13 +74,21 @@ class PsyncEngine(IoEngine):
                 return IoFuture.completed([self._execute(requests[0])])
             except GdskvError as exc:
                 return IoFuture.failed(exc)
-        with self._lock:
-            if self._closed:
-                raise StoreClosedError("I/O engine is closed", engine=self.name)
-            future = BatchFuture(self._execute, requests)
-            for _ in range(min(self.threads, len(requests))):
-                self._pool.submit(future.work)
-            return future
+        future: Optional[BatchFuture] = None
+        try:
+            with self._lock:
+                if self._closed:
+                    raise StoreClosedError("I/O engine is closed", engine=self.name)
+                future = BatchFuture(self._execute, requests)
+                for _ in range(min(self.threads, len(requests))):
+                    self._pool.submit(future.work)
+        except BaseException:
+            # (A signal handler's exception, say, once a pool task may have the batch.) The
+            # caller gets no future, so its buffers must be its own again when this raises.
+            if future is not None:
+                future.withdraw()
+            raise
+        return future
 
     def _execute(self, request: IoRequest) -> int:
         """Carry out ``request``; any failure is raised as a :class:`GdskvError`
@@ -217,16 +226,33 @@ class BatchFuture(DrivenFuture):
                 value = self._run(self._requests[index])
             except BaseException as exc:  # noqa: BLE001 - the request's outcome, never lost
                 value = exc
-            with self._lock:
+            self._record([(index, value)])
+
+    def withdraw(self) -> None:
+        """Take the batch back (its :meth:`PsyncEngine.submit` is raising): the requests not
+        started never start and end with :func:`~gdskv.gds.engine.abandoned_error`; this
+        waits (as :meth:`_wait` does) until the ones started have ended. An exception while
+        it waits (a second signal) propagates and leaves those to end on the pool."""
+        with self._lock:
+            start, self._next = self._next, len(self._requests)
+        self._record([(index, abandoned_error(self._requests[index], self._requests[index].offset)) for index in range(start, len(self._requests))])
+        self._wait(None)
+
+    def _record(self, outcomes: Sequence[Tuple[int, Union[int, BaseException]]]) -> None:
+        """Record the outcomes of requests this thread took, and wake whoever waits for them."""
+        if not outcomes:
+            return
+        with self._lock:
+            for index, value in outcomes:
                 self._values[index] = value
                 self._order.append(index)
-                self._pending -= 1
-                bells = list(self._bells) if self._bells else ()
-                wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
-            for bell in bells:
-                bell.put(None)
-            for waker in wake:
-                waker()
+            self._pending -= len(outcomes)
+            bells = list(self._bells) if self._bells else ()
+            wake, self._on_done = (self._on_done, []) if not self._pending else ([], self._on_done)
+        for bell in bells:
+            bell.put(None)
+        for waker in wake:
+            waker()
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
         """Outside the main thread and without a timeout, run requests until enough have

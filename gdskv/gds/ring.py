@@ -59,7 +59,7 @@ from typing import Any, Collection, Deque, Dict, Generator, List, Optional, Sequ
 from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
-from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, check_buffers, request_error, usable
+from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, abandoned_error, check_buffers, request_error, usable
 from gdskv.gds.iovec import Template
 
 _READ = IoOp.READ
@@ -86,14 +86,6 @@ SPLIT_BYTES = 4 << 20
 READ_INFLIGHT_BYTES = 8 << 20
 
 
-def _lost(request: IoRequest, offset: int) -> IoError:
-    """The error of a request whose work an exception cut short (see :meth:`Ring._repair`)."""
-    return IoError(
-        f"{request.op.value} abandoned: an exception (a signal handler's, say) cut short the I/O engine's handling of it",
-        path=request.path, offset=offset, errno=errno.EINTR,  # says nothing of the file or its bytes
-    )
-
-
 def _future_of(op: "Union[_Op, _Small]") -> "RingFuture":
     """The future of the batch ``op`` belongs to."""
     return op.future if op.__class__ is _Small else op.req.future  # type: ignore[union-attr]
@@ -116,11 +108,11 @@ class RingFuture(DrivenFuture):
         self._order.append(index)
 
     def _end_lost(self, keep: "Collection[int]" = ()) -> None:
-        """End as lost (:func:`_lost`) each request not ended yet, but those in ``keep``."""
+        """End as lost (:func:`~gdskv.gds.engine.abandoned_error`) each request not ended yet, but those in ``keep``."""
         for index, value in enumerate(self._values):
             if value is None and index not in keep:
                 request = self._requests[index]
-                self._resolve(index, _lost(request, request.offset))
+                self._resolve(index, abandoned_error(request, request.offset))
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:
         self._ring.wait(self, timeout, resolved)
@@ -824,7 +816,7 @@ class Ring:
         for req, count in waiting.items():
             if req.pending != count:  # an op of it was lost
                 if req.error is None:
-                    req.error = _lost(req.request, req.request.offset)
+                    req.error = abandoned_error(req.request, req.request.offset)
                 req.pending = count
         for future in list(self._futures):
             if future._pending:

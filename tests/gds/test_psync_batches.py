@@ -314,3 +314,61 @@ def test_signals_raising_in_a_waiting_main_thread_leave_no_waiter_registered(tmp
         signal.signal(signal.SIGALRM, old)
         os.close(fd)
         engine.close()
+
+
+@pytest.mark.parametrize("where", ["the first pool task", "the last pool task", "leaving the lock"])
+def test_a_submit_that_raises_takes_its_batch_back(tmp_path, monkeypatch, where):
+    """An exception (a signal handler's) in submit() once pool tasks may have the batch:
+    submit() raises only when no request of the batch runs any more, and those not started
+    never do, so the caller's buffers are its own again (a read landing in them later would
+    overwrite what the caller put there since). The engine goes on working."""
+    import sys
+    import time
+
+    path = tmp_path / "data"
+    path.write_bytes(block(6, 40 * 4096))
+    real = os.preadv
+    release = threading.Event()
+
+    def slow(fd, buffers, offset, *args):  # the pool's reads start once submit() raises, and take a while
+        if threading.current_thread().name.startswith("gdskv-psync"):
+            release.wait(10)
+            time.sleep(0.02)
+        return real(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(os, "preadv", slow)
+    engine = PsyncEngine(threads=3)
+    fd = engine.open_file(path, os.O_RDONLY)
+    outs = [bytearray(4096) for _ in range(40)]
+    requests = [IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)]
+    handed = [0]
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if where == "leaving the lock":
+            hit = event == "c_return" and code.co_name == "submit" and code.co_filename.endswith("psync.py") and getattr(arg, "__name__", "") == "__exit__"
+        else:
+            hit = event == "return" and code.co_name == "submit" and code.co_filename.endswith(os.path.join("concurrent", "futures", "thread.py"))
+            handed[0] += hit
+            hit = hit and handed[0] == (1 if where == "the first pool task" else 3)
+        if hit:
+            release.set()
+            raise Interrupted()
+
+    try:
+        sys.setprofile(profile)
+        try:
+            with pytest.raises(Interrupted):
+                engine.submit(requests)
+        finally:
+            sys.setprofile(None)
+        assert release.is_set()
+        for out in outs:
+            out[:] = b"\xee" * 4096
+        again = [bytearray(4096) for _ in range(8)]
+        assert engine.run([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(again)]) == [4096] * 8
+        assert b"".join(again) == block(6, 40 * 4096)[: 8 * 4096]
+    finally:
+        os.close(fd)
+        engine.close()  # every pool task has ended
+    assert all(out == b"\xee" * 4096 for out in outs), "a request of the withdrawn batch ran after submit() raised"
