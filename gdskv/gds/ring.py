@@ -86,6 +86,18 @@ SPLIT_BYTES = 4 << 20
 READ_INFLIGHT_BYTES = 8 << 20
 
 
+def setup_flags(lib: Any) -> int:
+    """The flags a ring is set up with: ``IORING_SETUP_COOP_TASKRUN``. A completion is then
+    posted when the ring's thread next enters the kernel (it does, to wait or submit, and
+    one asleep is woken), instead of interrupting it wherever it runs: on the test VM,
+    the engine's O_DIRECT writes of 2 MiB ran 1%-3% faster (0.93x-0.96x of fio against
+    0.91x-0.95x, two runs of four interleaved rounds), reads the same; through the backends
+    (``bench_io.py``, three alternations) no difference showed above the disk's noise.
+    fio's io_uring engine sets it too, with ``DEFER_TASKRUN``, which would need the ring's
+    thread to wait in ``io_uring_enter`` rather than ``poll()`` (it measured no faster)."""
+    return int(getattr(lib, "IORING_SETUP_COOP_TASKRUN", 0))
+
+
 def _future_of(op: "Union[_Op, _Small]") -> "RingFuture":
     """The future of the batch ``op`` belongs to."""
     return op.future if op.__class__ is _Small else op.req.future  # type: ignore[union-attr]
@@ -256,8 +268,17 @@ class Ring:
         self.broken = False
         self._lock = threading.Lock()
         self._ring = lib.Ring()
+        #: The setup flags the kernel took (:func:`setup_flags`).
+        self.setup_flags = setup_flags(lib)
         try:
-            lib.io_uring_queue_init(depth, self._ring)
+            try:
+                lib.io_uring_queue_init(depth, self._ring, self.setup_flags)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self.setup_flags:
+                    raise
+                self.setup_flags = 0  # a kernel older than the flags (5.19)
+                self._ring = lib.Ring()
+                lib.io_uring_queue_init(depth, self._ring, 0)
         except OSError as exc:
             raise IoError(f"io_uring setup failed: {exc.strerror}", errno=exc.errno, depth=depth) from exc
         self._staging: Optional[AlignedBuffer] = alloc_aligned(slots * chunk_bytes)
