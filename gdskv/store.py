@@ -961,10 +961,7 @@ class Store(OffloadMixin, HbmStoreMixin):
             1 for entry in self._dram.entries.values()
             if entry.complete and entry.ssd in (SsdState.NONE, SsdState.PENDING)
         )
-        in_hbm = 0
-        if self._hbm is not None:
-            in_hbm = sum(1 for key in self._hbm.keys() if key not in self._dram.entries)
-        return in_dram + in_hbm
+        return in_dram + len(self._hbm_only())
 
     def _release_resources(self) -> None:
         if self._hbm is not None:

@@ -189,6 +189,21 @@ class HbmStoreMixin:
 
     # -- lifecycle ------------------------------------------------------------------
 
+    def _hbm_only(self) -> List[bytes]:
+        """The HBM objects with no copy in DRAM or on NVMe (a promoted one has its NVMe
+        record, of the same size and CRC)."""
+        hbm = self._hbm
+        if hbm is None:
+            return []
+        only = []
+        for key in hbm.keys():
+            if key in self._dram.entries:
+                continue
+            info = self._backend.lookup(key) if self._backend is not None else None
+            if info is None or (info.size, info.crc) != (hbm.size_of_key(key), self._hbm_crc(key, info.size)):
+                only.append(key)
+        return only
+
     def _drain_hbm(self, patience_s: float) -> None:
         """Evict every HBM object into DRAM (and so towards NVMe); called by ``close``."""
         hbm = self._hbm
@@ -206,7 +221,8 @@ class HbmStoreMixin:
                 return
             if left == before:  # DRAM had no room: let the offloader make some
                 if time.monotonic() > deadline:
-                    log.warning("gdskv: closing with %d objects still only in HBM (DRAM stayed full)", left)
+                    log.warning("gdskv: closing with %d objects still in HBM (DRAM stayed full), %d of them on no other tier",
+                                left, len(self._hbm_only()))
                     return
                 try:
                     self.flush(timeout=1.0)

@@ -195,6 +195,34 @@ def test_close_counts_objects_left_only_in_hbm_as_lost(tmp_path):
     assert info.value.context["lost"] == 4 + 4  # every object: the DRAM ones and the HBM ones
 
 
+def test_close_does_not_count_an_hbm_object_that_is_on_nvme_as_lost(tmp_path):
+    """An object promoted from NVMe into HBM keeps its NVMe record: when the full disk and
+    DRAM keep HBM from draining at close, it is not among the lost; a device object that
+    replaced an NVMe value of the same size is."""
+    from gdskv.tiers.devpool import HostStandInPool, standin_array
+
+    cfg = gdskv.StoreConfig(dram_bytes=256 << 10, ssd_bytes=64 << 20, bucket_bytes=1 << 20, bucket_max_age_s=0.01,
+                            offload_retry_s=FAST_RETRY_S, put_timeout_s=0.5, hbm_promote=True)
+    faulty = FaultyEngine(make_engine("psync", direct=True, directory=tmp_path))
+    store = gdskv.Store(tmp_path / "store", cfg, engine=faulty, hbm_pool=HostStandInPool(64 << 10))
+    store.put("promoted", block(1, 16 << 10))
+    store.put("replaced", block(2, 16 << 10))
+    store.flush()
+    with store._lock:  # both now only on NVMe
+        store._evict_dram(until=lambda: not store._dram.entries)
+    out = standin_array(16 << 10)
+    assert store.get_into("promoted", out) == 16 << 10 and out.tobytes() == block(1, 16 << 10)
+    assert store.stats()["hbm"]["promoted"] == 1
+    store.put("replaced", standin_array(block(3, 16 << 10)), overwrite=True)
+    faulty.inject("enospc", op=IoOp.WRITE)
+    for i in range(4):
+        store.put(f"host{i}", block(10 + i, 62_000))  # no room in DRAM for either, and none of it can leave
+    assert {"promoted", "replaced"} <= {k.decode() for k in store._hbm.keys()}
+    with pytest.raises(gdskv.IoError) as info:
+        store.close()
+    assert info.value.context["lost"] == 4 + 1  # the DRAM ones and the replaced one
+
+
 def test_an_error_in_a_with_block_is_not_replaced_by_a_failing_close(tmp_path, caplog):
     store, faulty = open_faulty(tmp_path, "bucket", "psync")
     faulty.inject("enospc", op=IoOp.WRITE)
