@@ -89,12 +89,13 @@ READ_INFLIGHT_BYTES = 8 << 20
 def setup_flags(lib: Any) -> int:
     """The flags a ring is set up with: ``IORING_SETUP_COOP_TASKRUN``. A completion is then
     posted when the ring's thread next enters the kernel (it does, to wait or submit, and
-    one asleep is woken), instead of interrupting it wherever it runs: on the test VM,
-    the engine's O_DIRECT writes of 2 MiB ran 1%-3% faster (0.93x-0.96x of fio against
-    0.91x-0.95x, two runs of four interleaved rounds), reads the same; through the backends
-    (``bench_io.py``, three alternations) no difference showed above the disk's noise.
-    fio's io_uring engine sets it too, with ``DEFER_TASKRUN``, which would need the ring's
-    thread to wait in ``io_uring_enter`` rather than ``poll()`` (it measured no faster)."""
+    one asleep is woken), instead of interrupting it wherever it runs, as fio's io_uring
+    engine has it. On the test VM it is no measurable speed-up: the engine's O_DIRECT
+    writes of 2 MiB ran 1%-3% faster in two runs of four interleaved rounds (0.93x-0.96x of
+    fio against 0.91x-0.95x) and the same in earlier ones, reads the same; through the
+    backends (``bench_io.py``, three alternations) nothing showed above the disk's noise.
+    fio adds ``DEFER_TASKRUN``, which would need the ring's thread to wait in
+    ``io_uring_enter`` rather than ``poll()`` (and measured no faster)."""
     return int(getattr(lib, "IORING_SETUP_COOP_TASKRUN", 0))
 
 
