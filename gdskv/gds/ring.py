@@ -3,7 +3,11 @@
 A :class:`Ring` belongs to the thread that created it (the engine keeps one per thread), so
 submissions from different threads never share a lock. Its lock only orders the rare case
 of another thread driving it (a future waited on by a thread other than the submitter's, or
-an event loop driving the ring of a future awaited there: :meth:`Ring.watch`).
+an event loop driving the ring of a future awaited there: :meth:`Ring.watch`). The kernel
+finishes some requests (buffered reads that wait for the page cache, reads of pipes) as
+work of the thread that submitted them and cancels them when that thread exits: a thread
+must not end while a batch it submitted is in flight (they then end with ``IoError``,
+errno ``EFAULT`` or ``ECANCELED``). gdskv's own threads wait for what they submit.
 
 Work is cut into *ops*, one submission queue entry each:
 
@@ -84,19 +88,6 @@ SPLIT_BYTES = 4 << 20
 #: test VM's virtual disk random 2 MiB reads ran 7-25% faster with 8 MiB in flight than
 #: with 16, and 30% slower with 32 (writes ran no faster with a cap, so they have none).
 READ_INFLIGHT_BYTES = 8 << 20
-
-
-def setup_flags(lib: Any) -> int:
-    """The flags a ring is set up with: ``IORING_SETUP_COOP_TASKRUN``. A completion is then
-    posted when the ring's thread next enters the kernel (it does, to wait or submit, and
-    one asleep is woken), instead of interrupting it wherever it runs, as fio's io_uring
-    engine has it. On the test VM it is no measurable speed-up: the engine's O_DIRECT
-    writes of 2 MiB ran 1%-3% faster in two runs of four interleaved rounds (0.93x-0.96x of
-    fio against 0.91x-0.95x) and the same in earlier ones, reads the same; through the
-    backends (``bench_io.py``, three alternations) nothing showed above the disk's noise.
-    fio adds ``DEFER_TASKRUN``, which would need the ring's thread to wait in
-    ``io_uring_enter`` rather than ``poll()`` (and measured no faster)."""
-    return int(getattr(lib, "IORING_SETUP_COOP_TASKRUN", 0))
 
 
 def _future_of(op: "Union[_Op, _Small]") -> "RingFuture":
@@ -269,17 +260,8 @@ class Ring:
         self.broken = False
         self._lock = threading.Lock()
         self._ring = lib.Ring()
-        #: The setup flags the kernel took (:func:`setup_flags`).
-        self.setup_flags = setup_flags(lib)
         try:
-            try:
-                lib.io_uring_queue_init(depth, self._ring, self.setup_flags)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL or not self.setup_flags:
-                    raise
-                self.setup_flags = 0  # a kernel older than the flags (5.19)
-                self._ring = lib.Ring()
-                lib.io_uring_queue_init(depth, self._ring, 0)
+            lib.io_uring_queue_init(depth, self._ring)
         except OSError as exc:
             raise IoError(f"io_uring setup failed: {exc.strerror}", errno=exc.errno, depth=depth) from exc
         self._staging: Optional[AlignedBuffer] = alloc_aligned(slots * chunk_bytes)

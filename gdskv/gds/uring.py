@@ -95,10 +95,7 @@ class UringEngine(IoEngine):
         # Set up (and drop) a small ring now, so a kernel or sandbox that refuses io_uring
         # fails here, at open, with a clear error rather than at the first I/O; the rings
         # that do the work (and pin their staging) come with each thread's first submission.
-        probe = Ring(self._lib, depth=2, slots=1, chunk_bytes=4096, fixed=False)
-        #: Whether rings are set up with ``IORING_SETUP_COOP_TASKRUN`` (the kernel has it).
-        self.coop_taskrun = bool(probe.setup_flags)
-        probe.close()
+        Ring(self._lib, depth=2, slots=1, chunk_bytes=4096, fixed=False).close()
 
     def _ring(self) -> Ring:
         ring: Optional[Ring] = getattr(self._local, "ring", None)
@@ -133,7 +130,6 @@ class UringEngine(IoEngine):
             "read_inflight_bytes": self.read_inflight_bytes,
             "rings": rings,
             "fixed_buffers": fixed,
-            "coop_taskrun": self.coop_taskrun,
             "staged_write_bytes": staged,
         }
 
