@@ -931,9 +931,11 @@ class Store(OffloadMixin, HbmStoreMixin):
                 self._wait_idle(lambda: self._reading)  # reads copy out of the tiers outside the lock
             if self._offloader is not None:
                 self._offloader.join()
-            if drain and self._backend is not None:
-                lost = self._only_in_memory()  # what the drain left behind, now that it has stopped
-            self._release_resources()
+            try:
+                if drain and self._backend is not None:
+                    lost = self._only_in_memory()  # what the drain left behind, now that it has stopped
+            finally:
+                self._release_resources()
         if lost:
             raise IoError(
                 f"closed with {lost} objects that could not be written to SSD (lost)" + (f": {error}" if error else ""),
