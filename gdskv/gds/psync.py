@@ -27,8 +27,8 @@ too, so threads that come and go do not each keep one).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import ctypes
+import logging
 import os
 import queue
 import threading
@@ -39,6 +39,8 @@ from gdskv.errors import GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, advance, alloc_aligned, is_aligned, is_direct_fd
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import DrivenFuture, IoEngine, IoFuture, IoOp, IoRequest, abandoned_error, check_buffers, request_error
+
+log = logging.getLogger(__name__)
 
 #: Default staging chunk of each thread for unaligned O_DIRECT requests.
 CHUNK_BYTES = 4 << 20
@@ -56,7 +58,7 @@ class PsyncEngine(IoEngine):
         super().__init__(direct=direct)
         self.threads = threads
         self.chunk_bytes = chunk_bytes
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="gdskv-psync")
+        self._pool = _Workers(threads, "gdskv-psync")
         self._closed = False
         self._lock = threading.Lock()
         #: Staging buffers not in use (see the module docstring).
@@ -81,7 +83,7 @@ class PsyncEngine(IoEngine):
                     raise StoreClosedError("I/O engine is closed", engine=self.name)
                 future = BatchFuture(self._execute, requests)
                 for _ in range(min(self.threads, len(requests))):
-                    self._pool.submit(future.work)
+                    self._pool.put(future.work)
         except BaseException:
             # (A signal handler's exception, say, once a pool task may have the batch.) The
             # caller gets no future, so its buffers must be its own again when this raises.
@@ -182,11 +184,46 @@ class PsyncEngine(IoEngine):
             if self._closed:
                 return
             self._closed = True
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
         with self._lock:  # a request still running inline in a caller's thread keeps its buffer
             spare, self._spare_staging = self._spare_staging, []
         for buf in spare:
             buf.close()
+
+
+class _Workers:
+    """``threads`` threads, started at once and kept, running the callables put into one
+    queue in turn. Handing work over is one ``SimpleQueue.put``: C code, so an exception a
+    signal handler raises in the caller lands before or after it, and leaves no lock taken
+    (``ThreadPoolExecutor.submit`` takes Python-level locks, which such an exception can
+    leave held, and the pool is then stuck for good). The threads are daemons: an engine
+    not closed does not keep the interpreter from exiting."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def put(self, task: Callable[[], None]) -> None:
+        self._tasks.put(task)
+
+    def _serve(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            try:
+                task()
+            except BaseException:  # noqa: BLE001 - tasks record their own outcomes: a bug, logged
+                log.exception("gdskv: a psync pool task failed")
+
+    def shutdown(self) -> None:
+        """Run what was put, then end the threads (from another thread than theirs)."""
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
 
 
 class BatchFuture(DrivenFuture):

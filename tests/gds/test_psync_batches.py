@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 
 import pytest
 
@@ -73,6 +74,8 @@ def test_a_caller_waiting_runs_the_requests_the_pool_has_not_started(tmp_path, c
 
     def caller():
         future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+        while not any(name.startswith("gdskv-psync") for name in list(calls.counts)):  # the pool's thread is stuck in a read
+            time.sleep(0.001)
         for index, outcome in future.as_completed():
             assert outcome == 4096
             if not calls.release.is_set():
@@ -185,7 +188,6 @@ def test_any_exception_a_request_raises_is_its_outcome_and_the_batch_goes_on(tmp
 def test_await_needs_no_free_executor_thread(tmp_path, monkeypatch):
     """Awaiting a batch holds no thread: it returns while the loop's default executor is
     busy (before, it waited for a thread there, after the requests had all ended)."""
-    import time
 
     real = os.preadv
 
@@ -212,7 +214,6 @@ def test_a_small_read_started_by_a_signal_handler_does_not_share_the_interrupted
     through the same engine in the same thread, between the interrupted read's transfer
     and its copy out, gets a buffer of its own (before, it overwrote the interrupted read's)."""
     import signal
-    import time
 
     engine = PsyncEngine(threads=2, direct=True)
     (tmp_path / "a").write_bytes(b"A" * 65536)
@@ -251,7 +252,6 @@ def test_each_waiter_is_woken_by_the_outcome_it_waits_for(tmp_path, monkeypatch)
     """A waiter for one more outcome (as_completed) and a waiter for all of them (result) on
     one batch: each outcome wakes both at once (before, the second could take the first's
     wake-up, which then slept until its next look)."""
-    import time
 
     path = tmp_path / "data"
     path.write_bytes(block(7, 4 * 4096))
@@ -323,7 +323,6 @@ def test_a_submit_that_raises_takes_its_batch_back(tmp_path, monkeypatch, where)
     never do, so the caller's buffers are its own again (a read landing in them later would
     overwrite what the caller put there since). The engine goes on working."""
     import sys
-    import time
 
     path = tmp_path / "data"
     path.write_bytes(block(6, 40 * 4096))
@@ -347,8 +346,8 @@ def test_a_submit_that_raises_takes_its_batch_back(tmp_path, monkeypatch, where)
         code = frame.f_code
         if where == "leaving the lock":
             hit = event == "c_return" and code.co_name == "submit" and code.co_filename.endswith("psync.py") and getattr(arg, "__name__", "") == "__exit__"
-        else:
-            hit = event == "return" and code.co_name == "submit" and code.co_filename.endswith(os.path.join("concurrent", "futures", "thread.py"))
+        else:  # a pool task handed over
+            hit = event == "return" and code.co_name == "put" and code.co_filename.endswith("psync.py")
             handed[0] += hit
             hit = hit and handed[0] == (1 if where == "the first pool task" else 3)
         if hit:
