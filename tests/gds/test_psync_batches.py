@@ -371,3 +371,65 @@ def test_a_submit_that_raises_takes_its_batch_back(tmp_path, monkeypatch, where)
         os.close(fd)
         engine.close()  # every pool task has ended
     assert all(out == b"\xee" * 4096 for out in outs), "a request of the withdrawn batch ran after submit() raised"
+
+
+def test_an_exception_at_every_check_point_of_a_psync_submit(tmp_path):
+    """One run per check point of submit()'s code and what it calls (a profile function
+    counts them: each Python function entered, each C call returned), with an exception
+    there. Whenever submit() raises, nothing of its batch runs afterwards (the caller's
+    buffers stay as it leaves them), and the engine goes on working and closes."""
+    import sys
+
+    path = tmp_path / "data"
+    path.write_bytes(block(9, 24 * 4096))
+    expected = block(9, 24 * 4096)
+    target = 0
+    while True:
+        target += 1
+        engine = PsyncEngine(threads=3)
+        fd = engine.open_file(path, os.O_RDONLY)
+        outs = [bytearray(4096) for _ in range(24)]
+        count = [0]
+
+        def profile(frame, event, arg, target=target, count=count):
+            if event not in ("call", "c_return"):
+                return
+            while frame is not None and not (frame.f_code.co_name == "submit" and frame.f_code.co_filename.endswith("psync.py")):
+                frame = frame.f_back
+            if frame is None:
+                return
+            count[0] += 1
+            if count[0] == target:
+                raise Interrupted()
+
+        raised = False
+        sys.setprofile(profile)
+        try:
+            future = engine.submit([IoRequest.read(fd, i * 4096, memoryview(out), path=str(path)) for i, out in enumerate(outs)])
+        except Interrupted:
+            raised = True
+        finally:
+            sys.setprofile(None)
+        where = f"exception at check point {target}"
+        if raised:
+            for out in outs:
+                out[:] = b"\xee" * 4096
+        else:
+            assert future.outcomes(timeout=10) == [4096] * 24, where
+            assert b"".join(outs) == expected, where
+        again = [bytearray(4096) for _ in range(6)]
+        done = []
+        runner = threading.Thread(target=lambda: done.append(engine.run([IoRequest.read(fd, i * 4096, memoryview(o), path=str(path)) for i, o in enumerate(again)])), daemon=True)
+        runner.start()
+        runner.join(10)
+        assert done == [[4096] * 6] and b"".join(again) == expected[: 6 * 4096], where
+        os.close(fd)
+        closing = threading.Thread(target=engine.close, daemon=True)
+        closing.start()
+        closing.join(10)
+        assert not closing.is_alive(), where
+        if raised:
+            assert all(out == b"\xee" * 4096 for out in outs), f"{where}: the batch ran after submit() raised"
+        if count[0] < target:  # no exception: every check point was tried
+            break
+    assert target > 8  # the sweep went through submit()'s code
