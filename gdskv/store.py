@@ -54,7 +54,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Set, Tuple
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
@@ -146,6 +146,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._reading = 0
         self._idle_waiter = False  # close() waits for one of them to reach 0
         self._copy_waiters = 0  # puts waiting for the same bytes to finish copying in
+        #: Keys whose device put is copying into HBM (outside the lock): another put or a
+        #: remove of the key waits for it (:meth:`_await_device_put`).
+        self._device_puts: Set[bytes] = set()
         self._pending: Deque[DramEntry] = collections.deque()
         self._pending_bytes = 0
         self._inflight: List[DramEntry] = []
@@ -275,6 +278,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         k = encode_key(key)
         with self._lock:
             self._check_open()
+            self._await_device_put(k)
             found = self._remove_locked(k)
             # Any copy of the key being written (the current value's, or an overwritten one's
             # that is detached already) is taken back out by the offloader once written.
@@ -323,6 +327,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         needs a copy to the host: computed only when the answer depends on it). The same
         bytes that another put is still copying in are waited for (a put returns once its
         value is readable); a different value being copied in is treated as stored."""
+        self._await_device_put(k)
         entry = self._dram.lookup(k)
         while entry is not None and not entry.complete and (entry.size, entry.crc) == (size, crc):
             self._copy_waiters += 1
@@ -877,6 +882,17 @@ class Store(OffloadMixin, HbmStoreMixin):
         """Like :meth:`_check_open`, and no new value once :meth:`close` has begun."""
         if self._closed or self._refusing:
             raise StoreClosedError("store is closed" if self._closed else "store is closing", path=str(self.path))
+
+    def _await_device_put(self, k: bytes) -> None:
+        """Wait (lock held, released meanwhile) until no device put of ``k`` is copying its
+        value into HBM: what the key holds is known only then."""
+        while k in self._device_puts:
+            self._copy_waiters += 1
+            try:
+                self._cond.wait(0.05)  # the device put notifies when it is over
+            finally:
+                self._copy_waiters -= 1
+            self._check_open()
 
     def _put_done(self) -> None:
         """A put's copy is over (lock held): wake whoever waits for it."""

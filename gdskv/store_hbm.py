@@ -97,12 +97,14 @@ class HbmStoreMixin:
             if self._settle_existing(k, size, lambda: checksum(k, hbm.pool.download(value)), overwrite):
                 return
             self._putting += 1
+            self._device_puts.add(k)  # other puts and removes of k wait for this one
         try:
             t0 = time.perf_counter()
             hbm.put(k, value)
             elapsed = time.perf_counter() - t0
         finally:
             with self._lock:
+                self._device_puts.discard(k)
                 self._put_done()
         with self._lock:
             self._counters.add("puts")

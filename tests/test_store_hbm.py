@@ -327,3 +327,62 @@ def test_cuda_store_put_get_evict_and_reopen(tmp_path):
             assert again.get_into(f"k{i}", out) == 2 * MiB
             torch.cuda.synchronize()
             assert torch.equal(out, v), i
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["no overwrite", "overwrite"])
+def test_a_host_put_of_a_key_waits_for_its_device_put_in_flight(hbm_store, overwrite):
+    """A host put of a key whose device put is copying into HBM (outside the store's lock)
+    waits for it, then finds the device value: without ``overwrite`` it is refused (a
+    different value is stored), with it it replaces it. Never do the two tiers each keep
+    a value of the key."""
+    store = hbm_store()
+    hbm = store._hbm
+    real_put = hbm.put
+    outcome = []
+
+    def host_put():
+        try:
+            store.put("k", block(2, 16 * KiB), overwrite=overwrite)
+            outcome.append("stored")
+        except KeyExistsError:
+            outcome.append("refused")
+
+    other = threading.Thread(target=host_put)
+
+    def put_with_a_host_put_in_its_window(k, value, **options):
+        hbm.put = real_put
+        other.start()
+        other.join(0.3)  # (on code that does not wait, the host put is done by now)
+        return real_put(k, value, **options)
+
+    hbm.put = put_with_a_host_put_in_its_window
+    store.put("k", dev(3, 20 * KiB))
+    other.join(10)
+    assert outcome == ["stored" if overwrite else "refused"]
+    in_hbm = hbm.size_of_key(b"k") is not None
+    in_dram = store._dram.lookup(b"k") is not None
+    assert in_hbm != in_dram, (in_hbm, in_dram)  # one tier holds the key
+    assert store.get("k") == (block(2, 16 * KiB) if overwrite else block(3, 20 * KiB))
+    assert read_dev(store, "k", 20 * KiB) == (block(2, 16 * KiB) if overwrite else block(3, 20 * KiB))
+
+
+def test_a_remove_of_a_key_waits_for_its_device_put_in_flight(hbm_store):
+    """A remove while the key's device put copies into HBM waits for it and removes what it
+    stored: the key is gone afterwards, not brought back by the put landing later."""
+    store = hbm_store()
+    hbm = store._hbm
+    real_put = hbm.put
+    removed = []
+    other = threading.Thread(target=lambda: removed.append(store.remove("k")))
+
+    def put_with_a_remove_in_its_window(k, value, **options):
+        hbm.put = real_put
+        other.start()
+        other.join(0.3)
+        return real_put(k, value, **options)
+
+    hbm.put = put_with_a_remove_in_its_window
+    store.put("k", dev(4, 8 * KiB))
+    other.join(10)
+    assert removed == [True]
+    assert not store.exists("k") and store.get("k") is None and hbm.size_of_key(b"k") is None
