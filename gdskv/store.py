@@ -278,7 +278,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         k = encode_key(key)
         with self._lock:
             self._check_open()
-            self._await_device_put(k)
+            self._await_device_put(k, self._check_open)
             found = self._remove_locked(k)
             # Any copy of the key being written (the current value's, or an overwritten one's
             # that is detached already) is taken back out by the offloader once written.
@@ -327,7 +327,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         needs a copy to the host: computed only when the answer depends on it). The same
         bytes that another put is still copying in are waited for (a put returns once its
         value is readable); a different value being copied in is treated as stored."""
-        self._await_device_put(k)
+        self._await_device_put(k, self._check_accepting)
         entry = self._dram.lookup(k)
         while entry is not None and not entry.complete and (entry.size, entry.crc) == (size, crc):
             self._copy_waiters += 1
@@ -883,16 +883,17 @@ class Store(OffloadMixin, HbmStoreMixin):
         if self._closed or self._refusing:
             raise StoreClosedError("store is closed" if self._closed else "store is closing", path=str(self.path))
 
-    def _await_device_put(self, k: bytes) -> None:
+    def _await_device_put(self, k: bytes, check: Callable[[], None]) -> None:
         """Wait (lock held, released meanwhile) until no device put of ``k`` is copying its
-        value into HBM: what the key holds is known only then."""
+        value into HBM: what the key holds is known only then. ``check()`` after each wait
+        (:meth:`_check_accepting` for a put, :meth:`_check_open` for a remove)."""
         while k in self._device_puts:
             self._copy_waiters += 1
             try:
                 self._cond.wait(0.05)  # the device put notifies when it is over
             finally:
                 self._copy_waiters -= 1
-            self._check_open()
+            check()
 
     def _put_done(self) -> None:
         """A put's copy is over (lock held): wake whoever waits for it."""
