@@ -54,7 +54,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Deque, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
@@ -146,9 +146,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._reading = 0
         self._idle_waiter = False  # close() waits for one of them to reach 0
         self._copy_waiters = 0  # puts waiting for the same bytes to finish copying in
-        #: Keys whose device put is copying into HBM (outside the lock): another put or a
-        #: remove of the key waits for it (:meth:`_await_device_put`).
-        self._device_puts: Set[bytes] = set()
+        #: Keys whose device put is copying into HBM (outside the lock), with the thread
+        #: doing it: another put or a remove of the key waits for it (:meth:`_await_device_put`).
+        self._device_puts: Dict[bytes, int] = {}
         self._pending: Deque[DramEntry] = collections.deque()
         self._pending_bytes = 0
         self._inflight: List[DramEntry] = []
@@ -327,16 +327,17 @@ class Store(OffloadMixin, HbmStoreMixin):
         needs a copy to the host: computed only when the answer depends on it). The same
         bytes that another put is still copying in are waited for (a put returns once its
         value is readable); a different value being copied in is treated as stored."""
-        self._await_device_put(k, self._check_accepting)
-        entry = self._dram.lookup(k)
-        while entry is not None and not entry.complete and (entry.size, entry.crc) == (size, crc):
+        while True:  # (each wait releases the lock: both are looked at again after either)
+            self._await_device_put(k, self._check_accepting)
+            entry = self._dram.lookup(k)
+            if entry is None or entry.complete or (entry.size, entry.crc) != (size, crc):
+                break
             self._copy_waiters += 1
             try:
                 self._cond.wait(0.05)  # its put commits (or fails, detaching it) and notifies
             finally:
                 self._copy_waiters -= 1
             self._check_accepting()
-            entry = self._dram.lookup(k)
         info = self._backend.lookup(k) if self._backend is not None else None
         hbm_size = self._hbm.size_of_key(k) if self._hbm is not None else None
         if entry is None and info is None and hbm_size is None:
@@ -512,7 +513,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                 if isinstance(outs[i], memoryview):
                     self._dram.read_into(entry, outs[i])
                 else:
-                    copies.append(self._copy_to_device(ks[i], self._dram.view(entry), outs[i], pinned=self._arena_pinned))
+                    copies.append(self._copy_to_device(ks[i], self._dram.view(entry), outs[i], pinned=self._arena_pinned, crc=entry.crc))
                 results[i] = entry.size
         finally:
             for copy in copies:
@@ -886,7 +887,11 @@ class Store(OffloadMixin, HbmStoreMixin):
     def _await_device_put(self, k: bytes, check: Callable[[], None]) -> None:
         """Wait (lock held, released meanwhile) until no device put of ``k`` is copying its
         value into HBM: what the key holds is known only then. ``check()`` after each wait
-        (:meth:`_check_accepting` for a put, :meth:`_check_open` for a remove)."""
+        (:meth:`_check_accepting` for a put, :meth:`_check_open` for a remove). Called by
+        the thread doing that device put (a listener calling the store, which it must not),
+        it raises rather than wait for itself."""
+        if self._device_puts.get(k) == threading.get_ident():
+            raise GdskvError("the store was called on a key from inside that key's own put (a listener must not call the store)", key=k[:64])
         while k in self._device_puts:
             self._copy_waiters += 1
             try:

@@ -36,8 +36,9 @@ only :class:`gdskv.store.Store` uses it. A caller holding the store lock must ne
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Tuple, Union
 
 from gdskv.errors import GdskvError, InvalidValueError
 from gdskv.gds.aligned import alloc_aligned
@@ -97,14 +98,14 @@ class HbmStoreMixin:
             if self._settle_existing(k, size, lambda: checksum(k, hbm.pool.download(value)), overwrite):
                 return
             self._putting += 1
-            self._device_puts.add(k)  # other puts and removes of k wait for this one
+            self._device_puts[k] = threading.get_ident()  # other puts and removes of k wait for this one
         try:
             t0 = time.perf_counter()
             hbm.put(k, value)
             elapsed = time.perf_counter() - t0
         finally:
             with self._lock:
-                self._device_puts.discard(k)
+                self._device_puts.pop(k, None)
                 self._put_done()
         with self._lock:
             self._counters.add("puts")
@@ -154,11 +155,16 @@ class HbmStoreMixin:
                 results[i] = n
         return todo
 
-    def _copy_to_device(self, k: bytes, host: memoryview, out: Any, *, pinned: bool = False) -> Completion:
+    def _copy_to_device(
+        self, k: bytes, host: memoryview, out: Any, *, pinned: bool = False, crc: Optional[int] = None
+    ) -> Completion:
         """Fill the device buffer ``out`` with ``host`` (a value read from DRAM or NVMe) and,
         with ``hbm_promote``, keep a copy in HBM when it has free room. With ``pinned``
         (``host`` lies in the page-locked DRAM arena) the copy is asynchronous: ``host``
-        must stay as it is until the returned completion is done."""
+        must stay as it is until the returned completion is done. ``crc``: the CRC of
+        ``host`` where the caller knows it (else computed, for a promotion only). A
+        promotion is kept only while DRAM or NVMe still holds the same bytes (size and CRC),
+        and none is made while a device put of the key is copying in."""
         hbm = self._hbm
         assert hbm is not None
         if pinned:
@@ -166,8 +172,10 @@ class HbmStoreMixin:
         else:
             hbm.pool.upload(host, out)
             copied = DONE
-        if not self.config.hbm_promote or hbm.size_of_key(k) is not None:
+        if not self.config.hbm_promote or hbm.size_of_key(k) is not None or k in self._device_puts:
             return copied
+        if crc is None:
+            crc = checksum(k, host)
         try:  # a device-to-device copy from ``out``, ordered after the upload on the stream
             stored = hbm.put(k, _prefix(hbm.pool, out, host.nbytes), evict=False)
         except GdskvError as exc:  # the read succeeded; a failed promotion only costs speed
@@ -175,19 +183,19 @@ class HbmStoreMixin:
             return copied
         if stored:
             with self._lock:
-                if self._size_of_lower(k) != host.nbytes:  # removed or replaced meanwhile
+                if self._lower_of(k) != (host.nbytes, crc):  # removed or replaced meanwhile
                     hbm.remove(k)
                     return copied
                 self._counters.add("hbm_promoted")
         return copied
 
-    def _size_of_lower(self, k: bytes) -> Optional[int]:
-        """The size of ``k`` in DRAM or NVMe (not HBM). Lock held."""
+    def _lower_of(self, k: bytes) -> Optional[Tuple[int, int]]:
+        """Size and CRC of ``k`` in DRAM or NVMe (not HBM), or None. Lock held."""
         entry = self._dram.readable(k)
         if entry is not None:
-            return entry.size
+            return entry.size, entry.crc
         info = self._backend.lookup(k) if self._backend is not None else None
-        return info.size if info is not None else None
+        return (info.size, info.crc) if info is not None else None
 
     # -- lifecycle ------------------------------------------------------------------
 

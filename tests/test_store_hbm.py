@@ -386,3 +386,67 @@ def test_a_remove_of_a_key_waits_for_its_device_put_in_flight(hbm_store):
     other.join(10)
     assert removed == [True]
     assert not store.exists("k") and store.get("k") is None and hbm.size_of_key(b"k") is None
+
+
+def test_a_listener_calling_the_store_on_the_key_being_put_fails_instead_of_hanging(hbm_store):
+    """Listeners must not call the store. One that does, on the key whose device put runs
+    it (an eviction the put made published a victim into DRAM: ``on_stored``), gets an
+    error (logged and ignored like any listener's) instead of waiting for itself."""
+    from gdskv.store import StoreListener
+
+    store = hbm_store(hbm=64 * KiB)
+    for i in range(4):
+        store.put(f"d{i}", dev(i, 16 * KiB))  # full: the next put evicts
+    errors = []
+
+    class RemovesTheKey(StoreListener):
+        def on_stored(self, tier, items):
+            if threading.current_thread().name == "device-put":
+                try:
+                    store.remove("k")
+                except gdskv.GdskvError as exc:
+                    errors.append(exc)
+
+    store.add_listener(RemovesTheKey())
+    putter = threading.Thread(target=lambda: store.put("k", dev(9, 16 * KiB)), name="device-put", daemon=True)
+    putter.start()
+    putter.join(10)
+    assert not putter.is_alive() and len(errors) == 1 and "listener must not call the store" in str(errors[0])
+    assert read_dev(store, "k", 16 * KiB) == block(9, 16 * KiB)
+
+
+@pytest.mark.parametrize("meanwhile", ["remove then device put", "host overwrite, same size", "device overwrite"])
+def test_a_promotion_never_replaces_or_outlives_a_newer_value(hbm_store, meanwhile):
+    """A device read of a DRAM value promotes a copy into HBM. When the key is written
+    while that promotion is on its way, the newer value is what the store serves (the
+    promotion neither replaces it nor, being dropped, takes it with it)."""
+    store = hbm_store()
+    store.put("k", block(1, 16 * KiB))  # a host value: in DRAM
+    hbm = store._hbm
+    real_put = hbm.put
+    at, go = threading.Event(), threading.Event()
+
+    def held_promotion(k, value, **options):
+        if options.get("evict", True) is False:  # the promotion of the read
+            at.set()
+            go.wait(10)
+        return real_put(k, value, **options)
+
+    hbm.put = held_promotion
+    out = standin_array(16 * KiB)
+    reader = threading.Thread(target=lambda: store.get_into("k", out))
+    reader.start()
+    assert at.wait(10)
+    newer = block(2, 16 * KiB)
+    if meanwhile == "remove then device put":
+        store.remove("k")
+        store.put("k", dev(2, 16 * KiB))
+    elif meanwhile == "host overwrite, same size":
+        store.put("k", newer, overwrite=True)
+    else:
+        store.put("k", dev(2, 16 * KiB), overwrite=True)
+    go.set()
+    reader.join(10)
+    assert out.tobytes() == block(1, 16 * KiB)  # the read got the value it started with
+    hbm.put = real_put
+    assert store.get("k") == newer and read_dev(store, "k", 16 * KiB) == newer

@@ -165,8 +165,10 @@ class HbmTier:
         """Store ``value`` (a device array of the pool's kind, or a host buffer) under
         ``key``, replacing an older value; return True. Evicts into the sink to make room;
         raises NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a
-        value larger than the pool. With ``evict=False`` nothing is evicted: a value that
-        does not fit in the free space is not stored and the call returns False."""
+        value larger than the pool. With ``evict=False`` (a promotion) nothing is evicted
+        and nothing replaced: a value that does not fit in the free space, or whose key has
+        a value here by the time it would be registered, is not stored, and the call
+        returns False."""
         size = self.pool.size_of(value)
         if size <= 0 or size > self.capacity:
             raise GdskvError("value does not fit in the HBM tier", key=key, size=size, capacity=self.capacity)
@@ -186,6 +188,10 @@ class HbmTier:
                 self._release(entry)
                 return
             old = self.entries.get(key)
+            if old is not None and not evict:  # a promotion never replaces a value
+                entry.detached = True
+                self._release(entry)
+                return False
             if old is not None:  # a concurrent put of the key finished first: last one wins
                 self._detach(old)
             self.entries[key] = entry
@@ -367,7 +373,9 @@ class HbmTier:
                 self._check_open()
                 self._reap()
                 old = self.entries.get(key)
-                if old is not None and evict:
+                if old is not None and not evict:
+                    return None  # a promotion never replaces a value
+                if old is not None:
                     self._detach(old)
                 offset = self.allocator.allocate(size)
                 if offset is None and not evict:
