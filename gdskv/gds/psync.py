@@ -27,12 +27,14 @@ too, so threads that come and go do not each keep one).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import ctypes
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Generator, List, Optional, Sequence, Tuple, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
@@ -59,6 +61,9 @@ class PsyncEngine(IoEngine):
         self.threads = threads
         self.chunk_bytes = chunk_bytes
         self._pool = _Workers(threads, "gdskv-psync")
+        # An engine dropped unclosed ends its threads. (Not at exit: _finish_at_exit then
+        # waits for the work they were handed.)
+        weakref.finalize(self, self._pool.stop).atexit = False
         self._closed = False
         self._lock = threading.Lock()
         #: Staging buffers not in use (see the module docstring).
@@ -196,34 +201,62 @@ class _Workers:
     queue in turn. Handing work over is one ``SimpleQueue.put``: C code, so an exception a
     signal handler raises in the caller lands before or after it, and leaves no lock taken
     (``ThreadPoolExecutor.submit`` takes Python-level locks, which such an exception can
-    leave held, and the pool is then stuck for good). The threads are daemons: an engine
-    not closed does not keep the interpreter from exiting."""
+    leave held, and the pool is then stuck for good).
+
+    As with ``ThreadPoolExecutor``: the threads end once the engine owning the pool is
+    closed or garbage-collected (:meth:`stop`), and at interpreter exit the work already
+    handed over is finished first (:func:`_finish_at_exit`). The threads are daemons, so
+    the exit hook, not the interpreter's join of its threads, is what waits for them."""
 
     def __init__(self, threads: int, name: str) -> None:
         self._tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=_serve, args=(self._tasks,), name=f"{name}_{i}", daemon=True) for i in range(threads)
+        ]
         for thread in self._threads:
             thread.start()
+        _live_workers.add(self)
 
     def put(self, task: Callable[[], None]) -> None:
         self._tasks.put(task)
 
-    def _serve(self) -> None:
-        while True:
-            task = self._tasks.get()
-            if task is None:
-                return
-            try:
-                task()
-            except BaseException:  # noqa: BLE001 - tasks record their own outcomes: a bug, logged
-                log.exception("gdskv: a psync pool task failed")
+    def stop(self) -> None:
+        """Let each thread end once the work handed over before is done; do not wait."""
+        _live_workers.discard(self)
+        for _ in self._threads:
+            self._tasks.put(None)
 
     def shutdown(self) -> None:
         """Run what was put, then end the threads (from another thread than theirs)."""
-        for _ in self._threads:
-            self._tasks.put(None)
+        self.stop()
         for thread in self._threads:
             thread.join()
+
+
+def _serve(tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]") -> None:
+    """A pool thread's loop (it holds the queue, not the pool: a pool nobody holds any
+    more can be collected, which stops its threads)."""
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        try:
+            task()
+        except BaseException:  # noqa: BLE001 - tasks record their own outcomes: a bug, logged
+            log.exception("gdskv: a psync pool task failed")
+        del task  # (a finished batch, and the engine behind it, are not kept alive while idle)
+
+
+#: Pools not stopped yet, finished at interpreter exit.
+_live_workers: "weakref.WeakSet[_Workers]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    """At interpreter exit, finish the work each live pool was handed (as
+    ``ThreadPoolExecutor`` does for its own), then end its threads."""
+    for workers in list(_live_workers):
+        workers.shutdown()
 
 
 class BatchFuture(DrivenFuture):

@@ -8,6 +8,7 @@ import collections
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -433,3 +434,51 @@ def test_an_exception_at_every_check_point_of_a_psync_submit(tmp_path):
         if count[0] < target:  # no exception: every check point was tried
             break
     assert target > 8  # the sweep went through submit()'s code
+
+
+def test_an_engine_dropped_unclosed_ends_its_threads(tmp_path):
+    import gc
+
+    path = tmp_path / "data"
+    path.write_bytes(block(5, 16 * 4096))
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(5):
+        engine = PsyncEngine(threads=3)
+        fd = os.open(path, os.O_RDONLY)
+        assert engine.run([IoRequest.read(fd, i * 4096, memoryview(bytearray(4096))) for i in range(16)]) == [4096] * 16
+        os.close(fd)
+        del engine
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("gdskv-psync")]
+        if not left:
+            break
+        time.sleep(0.01)
+    assert not left
+
+
+def test_work_handed_to_the_pool_is_finished_at_interpreter_exit(tmp_path):
+    """A process that submits a batch of writes and exits without waiting for it: the
+    writes are all done before it ends, as a ThreadPoolExecutor's would be."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "data"
+    script = textwrap.dedent(f"""
+        import os
+        from gdskv.gds.engine import IoRequest
+        from gdskv.gds.psync import PsyncEngine
+        engine = PsyncEngine(threads=2)
+        fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o644)
+        chunk = bytes(range(256)) * 4096  # 1 MiB
+        engine.submit([IoRequest.write(fd, i << 20, memoryview(chunk)) for i in range(64)])
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert path.stat().st_size == 64 << 20
+    with open(path, "rb") as f:
+        for i in range(64):
+            assert f.read(1 << 20) == bytes(range(256)) * 4096, i
