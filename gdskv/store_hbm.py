@@ -104,8 +104,8 @@ class HbmStoreMixin:
             hbm.put(k, value)
             elapsed = time.perf_counter() - t0
         finally:
+            self._device_puts.pop(k, None)  # (atomic: done even if an interrupt lands in the wait for the lock)
             with self._lock:
-                self._device_puts.pop(k, None)
                 self._put_done()
         with self._lock:
             self._counters.add("puts")
@@ -176,16 +176,18 @@ class HbmStoreMixin:
             return copied
         if crc is None:
             crc = checksum(k, host)
+        lower = (host.nbytes, crc)
+
+        def still_the_value() -> bool:  # (the tier's lock is the store's: held when asked)
+            return k not in self._device_puts and self._lower_of(k) == lower
+
         try:  # a device-to-device copy from ``out``, ordered after the upload on the stream
-            stored = hbm.put(k, _prefix(hbm.pool, out, host.nbytes), evict=False)
+            stored = hbm.put(k, _prefix(hbm.pool, out, host.nbytes), evict=False, keep=still_the_value)
         except GdskvError as exc:  # the read succeeded; a failed promotion only costs speed
             log.debug("gdskv: promotion of %r into HBM failed: %s", k[:64], exc)
             return copied
         if stored:
             with self._lock:
-                if self._lower_of(k) != (host.nbytes, crc):  # removed or replaced meanwhile
-                    hbm.remove(k)
-                    return copied
                 self._counters.add("hbm_promoted")
         return copied
 

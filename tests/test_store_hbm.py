@@ -450,3 +450,74 @@ def test_a_promotion_never_replaces_or_outlives_a_newer_value(hbm_store, meanwhi
     assert out.tobytes() == block(1, 16 * KiB)  # the read got the value it started with
     hbm.put = real_put
     assert store.get("k") == newer and read_dev(store, "k", 16 * KiB) == newer
+
+
+@pytest.mark.parametrize("meanwhile", ["remove then device put", "device overwrite"])
+def test_a_promotion_registered_before_a_newer_value_never_takes_it_away(hbm_store, meanwhile):
+    """A promotion registered in HBM, then the key removed and device-put again (or device
+    overwritten) before the promotion's caller goes on: the new value stays."""
+    store = hbm_store()
+    store.put("k", block(1, 16 * KiB))  # host value: DRAM
+    hbm = store._hbm
+    real_put = hbm.put
+    at, go = threading.Event(), threading.Event()
+
+    def promotion_registered_then_slow(k, value, **options):
+        stored = real_put(k, value, **options)
+        if options.get("evict", True) is False:  # the promotion: registered, check not yet run
+            at.set()
+            go.wait(10)
+        return stored
+
+    hbm.put = promotion_registered_then_slow
+    out = standin_array(16 * KiB)
+    reader = threading.Thread(target=lambda: store.get_into("k", out))
+    reader.start()
+    assert at.wait(10)
+    if meanwhile == "remove then device put":
+        assert store.remove("k")
+        store.put("k", dev(2, 16 * KiB))
+    else:
+        store.put("k", dev(2, 16 * KiB), overwrite=True)
+    assert read_dev(store, "k", 16 * KiB) == block(2, 16 * KiB)  # acknowledged, readable
+    go.set()
+    reader.join(10)
+    hbm.put = real_put
+    assert store.get("k") == block(2, 16 * KiB)  # the acknowledged device put survives
+
+
+def test_a_promotion_is_not_registered_after_an_overwrite_returned(hbm_store):
+    """The promotion's copy is reserved, the key is overwritten (a host put, which returns),
+    then the promotion would register: it is dropped then, and reads get the new value."""
+    store = hbm_store()
+    store.put("k", block(1, 16 * KiB))
+    hbm = store._hbm
+    real_put, real_write = hbm.put, hbm.pool.write
+    in_write, go_write, registered, go_check = (threading.Event() for _ in range(4))
+
+    def slow_write(offset, value):
+        if threading.current_thread().name == "reader":
+            in_write.set()
+            go_write.wait(10)
+        return real_write(offset, value)
+
+    def put(k, value, **options):
+        stored = real_put(k, value, **options)
+        if options.get("evict", True) is False:
+            registered.set()
+            go_check.wait(10)
+        return stored
+
+    hbm.pool.write, hbm.put = slow_write, put
+    out = standin_array(16 * KiB)
+    reader = threading.Thread(target=lambda: store.get_into("k", out), name="reader")
+    reader.start()
+    assert in_write.wait(10)
+    store.put("k", block(2, 16 * KiB), overwrite=True)  # acknowledged
+    go_write.set()
+    assert registered.wait(10)
+    seen = read_dev(store, "k", 16 * KiB)
+    go_check.set()
+    reader.join(10)
+    hbm.pool.write, hbm.put = real_write, real_put
+    assert seen == block(2, 16 * KiB)

@@ -161,14 +161,15 @@ class HbmTier:
 
     # -- public API --------------------------------------------------------------
 
-    def put(self, key: bytes, value: Any, *, evict: bool = True) -> bool:
+    def put(self, key: bytes, value: Any, *, evict: bool = True, keep: Optional[Callable[[], bool]] = None) -> bool:
         """Store ``value`` (a device array of the pool's kind, or a host buffer) under
         ``key``, replacing an older value; return True. Evicts into the sink to make room;
         raises NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a
         value larger than the pool. With ``evict=False`` (a promotion) nothing is evicted
         and nothing replaced: a value that does not fit in the free space, or whose key has
         a value here by the time it would be registered, is not stored, and the call
-        returns False."""
+        returns False. ``keep``: asked with the lock held just before the value is
+        registered; False drops it (returns False)."""
         size = self.pool.size_of(value)
         if size <= 0 or size > self.capacity:
             raise GdskvError("value does not fit in the HBM tier", key=key, size=size, capacity=self.capacity)
@@ -188,7 +189,7 @@ class HbmTier:
                 self._release(entry)
                 return
             old = self.entries.get(key)
-            if old is not None and not evict:  # a promotion never replaces a value
+            if (old is not None and not evict) or (keep is not None and not keep()):  # a promotion never replaces a value
                 entry.detached = True
                 self._release(entry)
                 return False
