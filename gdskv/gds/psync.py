@@ -203,26 +203,31 @@ class _Workers:
     (``ThreadPoolExecutor.submit`` takes Python-level locks, which such an exception can
     leave held, and the pool is then stuck for good).
 
-    As with ``ThreadPoolExecutor``: the threads end once the engine owning the pool is
-    closed or garbage-collected (:meth:`stop`), and at interpreter exit the work already
-    handed over is finished first (:func:`_finish_at_exit`). The threads are daemons, so
-    the exit hook, not the interpreter's join of its threads, is what waits for them."""
+    The threads end once the engine owning the pool is closed or garbage-collected
+    (:meth:`stop`). At interpreter exit the work handed over by then is finished first
+    (:func:`_finish_at_exit`), and the threads go on serving what later exit hooks submit.
+    They are daemons, so that hook, not the interpreter's join of its threads, is what
+    waits for them."""
 
     def __init__(self, threads: int, name: str) -> None:
         self._tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=_serve, args=(self._tasks,), name=f"{name}_{i}", daemon=True) for i in range(threads)
         ]
+        self.stopped = False
         for thread in self._threads:
             thread.start()
-        _live_workers.add(self)
+        with _live_lock:
+            _live_workers.add(self)
 
     def put(self, task: Callable[[], None]) -> None:
         self._tasks.put(task)
 
     def stop(self) -> None:
         """Let each thread end once the work handed over before is done; do not wait."""
-        _live_workers.discard(self)
+        self.stopped = True
+        with _live_lock:
+            _live_workers.discard(self)
         for _ in self._threads:
             self._tasks.put(None)
 
@@ -231,6 +236,27 @@ class _Workers:
         self.stop()
         for thread in self._threads:
             thread.join()
+
+    def drain(self) -> None:
+        """Wait until the work handed over so far is done (every thread has come to a
+        marker put after it); the threads then go on serving. Returns early if the pool is
+        stopped meanwhile (its threads may end before reaching their markers)."""
+        arrived = threading.Semaphore(0)
+        release = threading.Event()
+
+        def marker() -> None:
+            arrived.release()
+            release.wait()
+
+        for _ in self._threads:
+            self._tasks.put(marker)
+        try:
+            waiting = len(self._threads)
+            while waiting and not self.stopped:
+                if arrived.acquire(timeout=0.1):
+                    waiting -= 1
+        finally:
+            release.set()
 
 
 def _serve(tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]") -> None:
@@ -247,16 +273,21 @@ def _serve(tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]") -> None:
         del task  # (a finished batch, and the engine behind it, are not kept alive while idle)
 
 
-#: Pools not stopped yet, finished at interpreter exit.
+#: Pools not stopped yet, drained at interpreter exit (the lock guards the set: pools come
+#: and go from any thread).
 _live_workers: "weakref.WeakSet[_Workers]" = weakref.WeakSet()
+_live_lock = threading.Lock()
 
 
 @atexit.register
 def _finish_at_exit() -> None:
-    """At interpreter exit, finish the work each live pool was handed (as
-    ``ThreadPoolExecutor`` does for its own), then end its threads."""
-    for workers in list(_live_workers):
-        workers.shutdown()
+    """At interpreter exit, wait for the work each live pool was handed (as
+    ``ThreadPoolExecutor`` does for its own). The pools stay usable: exit hooks that run
+    after this one (registered before gdskv was imported) may still use an engine."""
+    with _live_lock:
+        pools = list(_live_workers)
+    for workers in pools:
+        workers.drain()
 
 
 class BatchFuture(DrivenFuture):

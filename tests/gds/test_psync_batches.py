@@ -482,3 +482,29 @@ def test_work_handed_to_the_pool_is_finished_at_interpreter_exit(tmp_path):
     with open(path, "rb") as f:
         for i in range(64):
             assert f.read(1 << 20) == bytes(range(256)) * 4096, i
+
+
+def test_an_exit_hook_that_runs_after_gdskvs_own_can_still_use_an_engine(tmp_path):
+    """atexit runs hooks last-registered first: one registered before gdskv was imported
+    runs after gdskv's. An engine still open then still runs its batches."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "data"
+    path.write_bytes(block(7, 8 * 4096))
+    script = textwrap.dedent(f"""
+        import atexit, os
+        state = {{}}
+        def late_hook():
+            got = state["engine"].run([state["request"](state["fd"], i * 4096, memoryview(bytearray(4096))) for i in range(8)])
+            print("late hook read", got)
+        atexit.register(late_hook)
+        from gdskv.gds.engine import IoRequest
+        from gdskv.gds.psync import PsyncEngine
+        state.update(engine=PsyncEngine(threads=2), fd=os.open({str(path)!r}, os.O_RDONLY), request=IoRequest.read)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "late hook read [4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096]" in done.stdout
