@@ -163,8 +163,9 @@ class HbmStoreMixin:
         (``host`` lies in the page-locked DRAM arena) the copy is asynchronous: ``host``
         must stay as it is until the returned completion is done. ``crc``: the CRC of
         ``host`` where the caller knows it (else computed, for a promotion only). A
-        promotion is kept only while DRAM or NVMe still holds the same bytes (size and CRC),
-        and none is made while a device put of the key is copying in."""
+        promotion is registered only if, at that moment (lock held), DRAM or NVMe still
+        holds the same bytes (size and CRC) and no device put of the key is copying in;
+        it never replaces a value HBM has."""
         hbm = self._hbm
         assert hbm is not None
         if pinned:
