@@ -248,9 +248,9 @@ class _Workers:
             arrived.release()
             release.wait()
 
-        for _ in self._threads:
-            self._tasks.put(marker)
-        try:
+        try:  # (from the first marker on: whatever interrupts this releases the ones taken)
+            for _ in self._threads:
+                self._tasks.put(marker)
             waiting = len(self._threads)
             while waiting and not self.stopped:
                 if arrived.acquire(timeout=0.1):

@@ -189,7 +189,13 @@ class HbmTier:
                 self._release(entry)
                 return
             old = self.entries.get(key)
-            if (old is not None and not evict) or (keep is not None and not keep()):  # a promotion never replaces a value
+            try:
+                dropped = (old is not None and not evict) or (keep is not None and not keep())  # a promotion never replaces a value
+            except BaseException:
+                entry.detached = True
+                self._release(entry)
+                raise
+            if dropped:
                 entry.detached = True
                 self._release(entry)
                 return False

@@ -304,3 +304,17 @@ def test_cuda_pool_takes_cupy_arrays():
     cupy.cuda.runtime.deviceSynchronize()
     assert bool((out == value).all())
     tier.close()
+
+
+def test_a_keep_check_that_raises_gives_the_reserved_space_back():
+    """``keep`` raising (an interrupt landing in it, say) just before registration: the
+    exception propagates, nothing is registered, and the space reserved is free again."""
+    tier = HbmTier(HostStandInPool(64 * 1024), DictSink())
+
+    def keep():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tier.put(b"k", np.zeros(16 * 1024, np.uint8), evict=False, keep=keep)
+    assert b"k" not in tier.entries and tier.used == 0
+    assert tier.put(b"k", np.zeros(64 * 1024, np.uint8), evict=False)  # all of it
