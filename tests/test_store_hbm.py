@@ -6,6 +6,7 @@ drains HBM, the existing-key rules hold across tiers. The same paths on a real G
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -521,3 +522,62 @@ def test_a_promotion_is_not_registered_after_an_overwrite_returned(hbm_store):
     reader.join(10)
     hbm.pool.write, hbm.put = real_write, real_put
     assert seen == block(2, 16 * KiB)
+
+
+def test_a_put_waiting_for_the_same_bytes_then_finds_a_device_put_in_flight(hbm_store):
+    """Put H1 copies V into DRAM; put H2 of the same V waits for it; meanwhile a device put
+    D overwrites the key (H1's copy is dropped) and copies into HBM. H2 must wait for D and
+    then find D's value (a different one: KeyExistsError), not store V beside it."""
+    store = hbm_store()
+    V, W = block(1, 16 * KiB), block(2, 16 * KiB)
+    real_write = store._dram.write
+    h1_in_write, release_h1 = threading.Event(), threading.Event()
+
+    def held_first_write(entry, view):
+        if not h1_in_write.is_set():
+            h1_in_write.set()
+            release_h1.wait(10)
+        return real_write(entry, view)
+
+    store._dram.write = held_first_write
+    hbm = store._hbm
+    real_put = hbm.put
+    d_in_put, release_d = threading.Event(), threading.Event()
+
+    def held_device_put(k, value, **options):
+        if options.get("evict", True):
+            d_in_put.set()
+            release_d.wait(10)
+        return real_put(k, value, **options)
+
+    hbm.put = held_device_put
+    outcomes = {}
+
+    def put(name, value, **options):
+        try:
+            store.put("k", value, **options)
+            outcomes[name] = "stored"
+        except KeyExistsError:
+            outcomes[name] = "refused"
+
+    h1 = threading.Thread(target=put, args=("h1", V))
+    h1.start()
+    assert h1_in_write.wait(10)
+    h2 = threading.Thread(target=put, args=("h2", V))
+    h2.start()
+    deadline = time.monotonic() + 10
+    while store._copy_waiters == 0 and time.monotonic() < deadline:  # H2 waits for H1's bytes
+        time.sleep(0.001)
+    d = threading.Thread(target=put, args=("d", dev(2, 16 * KiB)), kwargs={"overwrite": True})
+    d.start()
+    assert d_in_put.wait(10)
+    h2.join(0.5)  # (on code that does not wait for D, H2 has stored V by now)
+    release_d.set()
+    d.join(10)
+    release_h1.set()
+    h1.join(10)
+    h2.join(10)
+    assert outcomes["d"] == "stored" and outcomes["h2"] == "refused", outcomes
+    in_hbm, in_dram = hbm.size_of_key(b"k") is not None, store._dram.readable(b"k") is not None
+    assert in_hbm and not in_dram
+    assert store.get("k") == W
