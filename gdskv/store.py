@@ -556,10 +556,10 @@ class Store(OffloadMixin, HbmStoreMixin):
             t0 = time.perf_counter()
             reads = [i for i in idx if i in views]
 
-            def to_device(r: int, n: int) -> None:  # as each read is verified, the rest in flight
+            def to_device(r: int, n: int, crc: int) -> None:  # as each read is verified, the rest in flight
                 i = reads[r]
                 if staging is not None and views[i] is not outs[i]:
-                    staging.upload(i, ks[i], n, outs[i])
+                    staging.upload(i, ks[i], n, crc, outs[i])
 
             sizes = self._backend.read_batch([(ks[i], views[i]) for i in reads], to_device) if reads else []
             elapsed = time.perf_counter() - t0
@@ -890,7 +890,10 @@ class Store(OffloadMixin, HbmStoreMixin):
         (:meth:`_check_accepting` for a put, :meth:`_check_open` for a remove). Called by
         the thread doing that device put (a listener calling the store, which it must not),
         it raises rather than wait for itself."""
-        if self._device_puts.get(k) == threading.get_ident():
+        owner = self._device_puts.get(k)
+        if owner is None:
+            return
+        if owner == threading.get_ident():
             raise GdskvError("the store was called on a key from inside that key's own put (a listener must not call the store)", key=k[:64])
         while k in self._device_puts:
             self._copy_waiters += 1

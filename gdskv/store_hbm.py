@@ -156,13 +156,13 @@ class HbmStoreMixin:
         return todo
 
     def _copy_to_device(
-        self, k: bytes, host: memoryview, out: Any, *, pinned: bool = False, crc: Optional[int] = None
+        self, k: bytes, host: memoryview, out: Any, *, crc: int, pinned: bool = False
     ) -> Completion:
         """Fill the device buffer ``out`` with ``host`` (a value read from DRAM or NVMe) and,
         with ``hbm_promote``, keep a copy in HBM when it has free room. With ``pinned``
         (``host`` lies in the page-locked DRAM arena) the copy is asynchronous: ``host``
-        must stay as it is until the returned completion is done. ``crc``: the CRC of
-        ``host`` where the caller knows it (else computed, for a promotion only). A
+        must stay as it is until the returned completion is done. ``crc``: the CRC32C of
+        ``host`` (the DRAM entry's, or the one an NVMe read was verified against). A
         promotion is registered only if, at that moment (lock held), DRAM or NVMe still
         holds the same bytes (size and CRC) and no device put of the key is copying in;
         it never replaces a value HBM has."""
@@ -175,8 +175,6 @@ class HbmStoreMixin:
             copied = DONE
         if not self.config.hbm_promote or hbm.size_of_key(k) is not None or k in self._device_puts:
             return copied
-        if crc is None:
-            crc = checksum(k, host)
         lower = (host.nbytes, crc)
 
         def still_the_value() -> bool:  # (the tier's lock is the store's: held when asked)
@@ -304,9 +302,10 @@ class DeviceStaging:
             self._slots[i] = (view, buf)
         return view
 
-    def upload(self, i: int, key: bytes, n: int, out: Any) -> None:
+    def upload(self, i: int, key: bytes, n: int, crc: int, out: Any) -> None:
+        """Start the device copy of the verified value of ``key`` (``n`` bytes, CRC ``crc``)."""
         view, holder = self._slots[i]
-        self._copies.append(self.store._copy_to_device(key, view[:n], out, pinned=isinstance(holder, DramEntry)))
+        self._copies.append(self.store._copy_to_device(key, view[:n], out, pinned=isinstance(holder, DramEntry), crc=crc))
 
     def close(self) -> None:
         try:

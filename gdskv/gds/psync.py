@@ -63,7 +63,8 @@ class PsyncEngine(IoEngine):
         self._pool = _Workers(threads, "gdskv-psync")
         # An engine dropped unclosed ends its threads. (Not at exit: _finish_at_exit then
         # waits for the work they were handed.)
-        weakref.finalize(self, self._pool.stop).atexit = False
+        self._stop_when_dropped = weakref.finalize(self, self._pool.stop)
+        self._stop_when_dropped.atexit = False
         self._closed = False
         self._lock = threading.Lock()
         #: Staging buffers not in use (see the module docstring).
@@ -189,6 +190,7 @@ class PsyncEngine(IoEngine):
             if self._closed:
                 return
             self._closed = True
+        self._stop_when_dropped.detach()
         self._pool.shutdown()
         with self._lock:  # a request still running inline in a caller's thread keeps its buffer
             spare, self._spare_staging = self._spare_staging, []
@@ -260,8 +262,8 @@ class _Workers:
 
 
 def _serve(tasks: "queue.SimpleQueue[Optional[Callable[[], None]]]") -> None:
-    """A pool thread's loop (it holds the queue, not the pool: a pool nobody holds any
-    more can be collected, which stops its threads)."""
+    """A pool thread's loop, until it takes a None (:meth:`_Workers.stop`). It holds the
+    queue, not the pool, so the pool leaves ``_live_workers`` once it is dropped too."""
     while True:
         task = tasks.get()
         if task is None:

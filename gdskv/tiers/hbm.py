@@ -189,15 +189,14 @@ class HbmTier:
                 self._release(entry)
                 return
             old = self.entries.get(key)
+            dropped = True  # (also when keep() raises: the space goes back)
             try:
                 dropped = (old is not None and not evict) or (keep is not None and not keep())  # a promotion never replaces a value
-            except BaseException:
-                entry.detached = True
-                self._release(entry)
-                raise
+            finally:
+                if dropped:
+                    entry.detached = True
+                    self._release(entry)
             if dropped:
-                entry.detached = True
-                self._release(entry)
                 return False
             if old is not None:  # a concurrent put of the key finished first: last one wins
                 self._detach(old)

@@ -97,13 +97,14 @@ class StorageBackend:
         raise NotImplementedError
 
     def read_batch(
-        self, items: Sequence[ReadItem], on_verified: Optional[Callable[[int, int], None]] = None
+        self, items: Sequence[ReadItem], on_verified: Optional[Callable[[int, int, int], None]] = None
     ) -> List[Optional[int]]:
         """Read and verify a batch of values (see the module docstring).
 
-        ``on_verified(i, size)``, when given, runs (outside the lock) as soon as the read of
-        ``items[i]`` is verified, while the rest of the batch is still in flight: a caller
-        can start using that value at once (the store starts a device copy there).
+        ``on_verified(i, size, crc)``, when given, runs (outside the lock) as soon as the read
+        of ``items[i]`` is verified (``crc``: the CRC32C its bytes were checked against),
+        while the rest of the batch is still in flight: a caller can start using that value
+        at once (the store starts a device copy there).
 
         The batch goes to the engine in groups of :data:`READ_GROUP`: each group is looked
         up and pinned under the lock (:meth:`_plan_reads`) and submitted at once, so the
@@ -207,7 +208,7 @@ class StorageBackend:
         first: int,
         results: List[Optional[int]],
         bad: List[Tuple[int, Any, str]],
-        on_verified: Optional[Callable[[int, int], None]] = None,
+        on_verified: Optional[Callable[[int, int, int], None]] = None,
     ) -> None:
         """Verify each read of ``future`` as soon as it completes, while the rest are in flight.
 
@@ -233,7 +234,7 @@ class StorageBackend:
             else:
                 results[i] = size
                 if on_verified is not None:
-                    on_verified(i, size)
+                    on_verified(i, size, entry.crc)
 
     # -- shared bookkeeping ---------------------------------------------------------
     # Subclasses keep ``self._objects`` (key -> their own record of it), ``self._lock``,

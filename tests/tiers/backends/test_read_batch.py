@@ -15,6 +15,7 @@ from conftest import MATRIX_ENGINES, block, uring_unavailable
 from gdskv.config import BACKENDS
 from gdskv.errors import InvalidValueError
 from gdskv.gds import make_engine
+from gdskv.tiers.backends.record import checksum
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.base import READ_GROUP
@@ -102,8 +103,8 @@ def test_a_corrupt_value_in_a_later_group_is_a_miss_and_is_dropped(backend):
     outs = outs_64_past_a_page([len(stored[k]) for k in keys])
     verified = []
 
-    def on_verified(i, size):  # each good read, once, with its bytes already in place
-        assert bytes(outs[i][:size]) == stored[keys[i]]
+    def on_verified(i, size, crc):  # each good read, once, with its bytes already in place
+        assert bytes(outs[i][:size]) == stored[keys[i]] and crc == checksum(keys[i], stored[keys[i]])
         verified.append((i, size))
 
     got = backend.read_batch(list(zip(keys, outs)), on_verified)
