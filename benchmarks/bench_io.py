@@ -299,9 +299,9 @@ def warm_memory(engine, directory: Path, *areas: memoryview) -> None:
     fd = engine.open_file(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     try:
         for area in areas:
-            start = -np.frombuffer(area, np.uint8).ctypes.data % 4096
-            pieces = [area[pos : min(pos + (2 << 20), area.nbytes) // 4096 * 4096] for pos in range(start, area.nbytes - 4095, 2 << 20)]
-            pieces = [piece for piece in pieces if piece.nbytes]
+            start = -np.frombuffer(area, np.uint8).ctypes.data % 4096  # the first page boundary
+            end = start + (area.nbytes - start) // 4096 * 4096  # the last one
+            pieces = [area[pos : min(pos + (2 << 20), end)] for pos in range(start, end, 2 << 20)]
             os.ftruncate(fd, sum(piece.nbytes for piece in pieces))
             offsets = list(itertools.accumulate((piece.nbytes for piece in pieces), initial=0))
             engine.run([IoRequest.write(fd, offset, piece) for offset, piece in zip(offsets, pieces)])

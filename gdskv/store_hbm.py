@@ -114,9 +114,10 @@ class HbmStoreMixin:
             self._counters.add("put_seconds", elapsed)
 
     def _hbm_crc(self, k: bytes, size: int) -> Optional[int]:
-        """CRC of the HBM value of ``k`` (copied to the host), or None if it left meanwhile."""
+        """CRC of the HBM value of ``k`` (copied to the host), or None if it left meanwhile.
+        Not a read of the object: no hit is counted and its place in the eviction order stays."""
         buf = memoryview(bytearray(size))
-        n = self._hbm.get_into(k, buf)  # type: ignore[union-attr]
+        n = self._hbm.get_into(k, buf, count=False)  # type: ignore[union-attr]
         return None if n is None else checksum(k, buf[:n])
 
     # -- eviction into DRAM (called by the tier's sink, store lock held) -------------

@@ -581,3 +581,19 @@ def test_a_put_waiting_for_the_same_bytes_then_finds_a_device_put_in_flight(hbm_
     in_hbm, in_dram = hbm.size_of_key(b"k") is not None, store._dram.readable(b"k") is not None
     assert in_hbm and not in_dram
     assert store.get("k") == W
+
+
+def test_comparing_a_put_with_an_hbm_value_is_not_a_read_of_it(hbm_store):
+    """An idempotent put of an HBM object's bytes copies the object out to compare CRCs: that
+    copy counts no hit and leaves the object's place in the LRU order, so the next eviction
+    still takes it first (before the fix it counted a hit and made it the newest)."""
+    store = hbm_store(hbm=32 * KiB)
+    store.put("old", dev(1, 16 * KiB))
+    store.put("new", dev(2, 16 * KiB))
+    store.put("old", block(1, 16 * KiB))  # the same bytes: a no-op, after a CRC of the HBM copy
+    hbm = store.stats()["hbm"]
+    assert (hbm["hits"], hbm["misses"]) == (0, 0)
+    store.put("third", dev(3, 16 * KiB))  # evicts the least recently used object
+    evicted = {key for key, tier, _, _ in store.inventory() if tier is gdskv.Tier.DRAM}
+    assert evicted == {b"old"}
+    assert store.get("old") == block(1, 16 * KiB)

@@ -205,10 +205,12 @@ class HbmTier:
             self.counters["puts"] += 1
         return True
 
-    def get_into(self, key: bytes, out: Any) -> Optional[int]:
+    def get_into(self, key: bytes, out: Any, *, count: bool = True) -> Optional[int]:
         """Copy the object into ``out`` (device-to-device for a device ``out``); return its
         size, or None when it is not in HBM. An EVICTING object is still served; an ``out``
-        smaller than the object is an InvalidValueError.
+        smaller than the object is an InvalidValueError. ``count=False``: a read for the
+        store's own bookkeeping (the CRC of a value it compares), neither a hit nor a miss,
+        and the object keeps its place in the eviction order.
 
         Into a device buffer the copy is issued under the lock (its bytes cannot be freed and
         handed to another object meanwhile): on a GPU a launch, the copy itself running
@@ -219,14 +221,16 @@ class HbmTier:
             self._reap()
             entry = self.entries.get(key)
             if entry is None:
-                self.counters["misses"] += 1
+                if count:
+                    self.counters["misses"] += 1
                 return None
             device = self.pool.is_device(out)
             if not (self.pool.copy_out(entry.offset, entry.size, out) if device else self.pool.size_of(out) >= entry.size):
                 raise InvalidValueError("output buffer too small", key=key, size=entry.size, got=self.pool.size_of(out))
-            self.policy.touch(key)
-            self.counters["hits"] += 1
-            self.counters["read_bytes"] += entry.size
+            if count:
+                self.policy.touch(key)
+                self.counters["hits"] += 1
+                self.counters["read_bytes"] += entry.size
             if device:
                 return entry.size
             entry.readers += 1
