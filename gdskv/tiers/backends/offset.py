@@ -4,14 +4,16 @@ Layout under ``<store>/offset/``::
 
     data          ``capacity`` bytes, preallocated (fallocate); records (see :mod:`record`)
                   at 4 KiB-aligned offsets chosen by :class:`OffsetAllocator`
-    checkpoint    the index, written atomically (temporary file, fsync, rename)
+    checkpoint    the index: a base, written atomically (temporary file, fsync, rename),
+    delta-*       and what changed after it (see :mod:`checkpoints`)
 
 Eviction is object-level (FIFO or LRU) under the byte cap; ``evict_listener`` hears of the
 victims before their space can be given to a new record, also when the write that evicted
 them then fails.
 
 Durability without writing the index on every write. A checkpoint lists every live object
-and a *window*: free extents (about ``window_bytes``, plus room for the batch that caused
+(a base lists them all; a delta what changed since the checkpoint before it, see
+:mod:`checkpoints`) and a *window*: free extents (about ``window_bytes``, plus room for the batch that caused
 the checkpoint) where the records of the next writes will go; its header carries the
 *watermark*, the highest sequence number it covers (stored in the index format's bucket-id
 field; window extents are entries with an empty key, which no object has). Until the next
@@ -63,7 +65,17 @@ from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, Gdskv
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
-from gdskv.tiers.backends.files import unlink_quietly, write_file_atomic
+from gdskv.tiers.backends.checkpoints import (
+    BASE_FILE,
+    base_is_due,
+    delta_files,
+    delta_name,
+    encode_base,
+    encode_delta,
+    is_temporary,
+    read_checkpoint,
+)
+from gdskv.tiers.backends.files import fsync_dir, unlink_quietly, write_file_atomic
 from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
@@ -74,19 +86,18 @@ from gdskv.tiers.backends.record import (
     decode_head,
     decode_index,
     encode_head,
-    encode_index,
     head_size,
     record_buffers,
     record_size,
 )
-from gdskv.tiers.backends.window import WINDOW_KEY, default_window, in_window, merge_extents, pick_window, scan_window
+from gdskv.tiers.backends.window import default_window, in_window, merge_extents, pick_window, scan_window
 
 log = logging.getLogger(__name__)
 
 _READ = IoOp.READ
 
 DATA_FILE = "data"
-CHECKPOINT_FILE = "checkpoint"
+CHECKPOINT_FILE = BASE_FILE
 
 
 class OffsetBackend(StorageBackend):
@@ -94,6 +105,7 @@ class OffsetBackend(StorageBackend):
 
     name = "offset"
     subdir = "offset"
+    layout_version = 2  # checkpoint deltas: a gdskv that reads only the base must refuse the store
 
     def __init__(
         self,
@@ -124,12 +136,23 @@ class OffsetBackend(StorageBackend):
         self._window: List[Tuple[int, int]] = []  # sorted (start, end)
         self._watermark = 0
         self._next_seq = 1
+        #: Index changes since the last durable checkpoint: key -> its new entry, or None
+        #: (evicted, removed, dropped). The next delta lists them (``_lock``).
+        self._changed: Dict[bytes, Optional[IndexEntry]] = {}
+        self._base = 0  # watermark of the base on disk, which names its deltas
+        self._deltas = 0  # deltas written since that base
+        self._delta_bytes = 0
+        self._base_bytes = 0
+        #: The next checkpoint is a base: at open, and after a base write failed (it may
+        #: still have landed, and deltas named for the base before would then be stale).
+        self._base_due = True
         self._fd: Optional[int] = None
         self._closed = False
         self.counters = {
             "bytes_written": 0,
             "objects_evicted": 0,
             "checkpoints": 0,
+            "checkpoint_bytes": 0,
             "tombstones": 0,
             "corrupt_reads": 0,
             "read_errors": 0,
@@ -157,7 +180,9 @@ class OffsetBackend(StorageBackend):
         checkpoint (missing or damaged) the data file is emptied before that checkpoint
         (see the module docstring)."""
         report = RecoveryReport()
-        unlink_quietly(self.checkpoint_path.with_name(CHECKPOINT_FILE + ".tmp"))
+        for path in self.dir.iterdir():
+            if is_temporary(path.name):
+                unlink_quietly(path)
         loaded = self._load_checkpoint(report)  # first: a newer format raises before any file is touched
         self._open_data_file(empty=loaded is None)
         try:
@@ -211,6 +236,8 @@ class OffsetBackend(StorageBackend):
         report.bytes = sum(e.value_len for e in self._objects.values())
         report.containers = 1
         with self._wlock:
+            self._changed.clear()
+            self._base_due = True  # what recovery found, in full; the deltas read go
             self._checkpoint([])
 
     def _open_data_file(self, *, empty: bool) -> None:
@@ -251,19 +278,11 @@ class OffsetBackend(StorageBackend):
         self._fd = fd
 
     def _load_checkpoint(self, report: RecoveryReport) -> Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]]:
-        """The checkpoint's objects and window (and its watermark into ``_watermark`` and
-        ``_next_seq``); None when there is no usable one, and the data file must be emptied."""
-        if not self.checkpoint_path.exists():
-            # A new store, or one that crashed before its first checkpoint was durable (one
-            # is written at open before any write), or a checkpoint deleted from beside its
-            # data: the data file cannot be trusted either way.
-            return None
+        """The objects and window of the checkpoint on disk (the base with its deltas
+        applied; its watermark into ``_watermark`` and ``_next_seq``); None when there is
+        no usable one, and the data file must be emptied."""
         try:
-            raw = self.checkpoint_path.read_bytes()
-        except OSError as exc:  # it may be readable later: fail the open, touch nothing
-            raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(self.checkpoint_path), errno=exc.errno) from exc
-        try:
-            watermark, capacity, listed = decode_index(raw, path=str(self.checkpoint_path))
+            loaded = read_checkpoint(self.dir, capacity=self.capacity, read=Path.read_bytes)
         except FormatVersionError:
             raise
         except CorruptionError as exc:
@@ -271,25 +290,41 @@ class OffsetBackend(StorageBackend):
             # empty rather than bring back what was removed.
             log.warning("gdskv: damaged checkpoint, dropping every object of %s: %s", self.dir, exc)
             report.dropped_corrupt += 1
+            self._drop_deltas()
             return None
-        if capacity > self.capacity:
+        except OSError as exc:  # it may be readable later: fail the open, touch nothing
+            raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(exc.filename or self.checkpoint_path), errno=exc.errno) from exc
+        if loaded is None:
+            # A new store, or one that crashed before its first checkpoint was durable (one
+            # is written at open before any write), or a checkpoint deleted from beside its
+            # data: the data file cannot be trusted either way.
+            self._drop_deltas()
+            return None
+        checkpoint = loaded[0]
+        if checkpoint.capacity > self.capacity:
             # Records past the new end would be lost, and with them tombstones that keep
             # removed keys from coming back: refuse, and touch nothing.
             raise ConfigError(
                 "an offset store cannot shrink: open it with its capacity or more, or remove its "
-                "directory to start an empty one", path=str(self.dir), stored=capacity, requested=self.capacity,
+                "directory to start an empty one", path=str(self.dir), stored=checkpoint.capacity, requested=self.capacity,
             )
-        self._watermark = watermark
-        self._next_seq = watermark + 1
-        entries: Dict[bytes, IndexEntry] = {}
-        window: List[Tuple[int, int]] = []
-        for e in listed:
-            if e.key == WINDOW_KEY:
-                window.append((e.value_offset, min(e.value_offset + e.value_len, self.capacity)))
-            else:
-                entries[e.key] = e
-                self._next_seq = max(self._next_seq, e.seq + 1)
-        return entries, window
+        self._watermark = checkpoint.watermark
+        self._next_seq = max(checkpoint.watermark, checkpoint.newest) + 1
+        return checkpoint.objects, checkpoint.window
+
+    def _drop_deltas(self) -> None:
+        """Delete every delta file, durably, before a store without a usable base starts
+        over: its sequence numbers restart, and a later base could take an old delta for
+        its own. Raises IoError."""
+        stale = delta_files(self.dir)
+        if not stale:
+            return
+        try:
+            for _base, _n, path in stale:
+                path.unlink(missing_ok=True)
+            fsync_dir(self.dir)
+        except OSError as exc:
+            raise IoError(f"cannot delete old checkpoint deltas: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
 
     def _read_at_strict(self, offset: int, buf: memoryview) -> None:
         assert self._fd is not None
@@ -363,22 +398,48 @@ class OffsetBackend(StorageBackend):
             for offset, size in zip(offsets, sizes):
                 window.append((offset, offset + self._alloc.rounded(size)))
             window = merge_extents(window)
+            base = self._base_due or base_is_due(self._deltas, self._delta_bytes, self._base_bytes)
+            if base:
+                self._next_seq += 1  # a number no record takes: this base's own, naming its deltas
+                listed = list(self._objects.values())
             watermark = self._next_seq - 1
-            listed = list(self._objects.values())
-            unlisted = set(self._dropped)  # a key dropped after this is in ``listed``
-        listed.extend(IndexEntry(WINDOW_KEY, start, end - start, 0, 0) for start, end in window)
+            changes, self._changed = self._changed, {}  # a change after this is in the next one
+            unlisted = set(self._dropped)  # a key dropped after this is in ``listed`` / ``changes``
+        if base:
+            path, data = self.checkpoint_path, encode_base(watermark, self.capacity, listed, window)
+        else:
+            added = [entry for entry in changes.values() if entry is not None]
+            gone = [key for key, entry in changes.items() if entry is None]
+            path = self.dir / delta_name(self._base, self._deltas + 1)
+            data = encode_delta(self._base, watermark, self.capacity, added, gone, window)
         try:
-            write_file_atomic(self.checkpoint_path, encode_index(watermark, self.capacity, listed))
+            write_file_atomic(path, data)
         except IoError:
             with self._lock:
                 for offset in offsets:
                     self._alloc.free(offset)
+                for key, entry in changes.items():  # still to be written: the newer change wins
+                    self._changed.setdefault(key, entry)
+            # The file may have landed all the same (its directory's fsync failed): a base
+            # then has a watermark the deltas named for the old one do not match, and a
+            # delta is written again under the same name. So the next one is a base.
+            self._base_due = self._base_due or base
             raise
         with self._lock:
             self._dropped -= unlisted  # the checkpoint on disk does not list them any more
+        if base:
+            self._base, self._deltas, self._delta_bytes, self._base_bytes = watermark, 0, 0, len(data)
+            self._base_due = False
+            for of_base, _n, stale in delta_files(self.dir):  # the base lists what they said
+                if of_base != watermark:
+                    unlink_quietly(stale)
+        else:
+            self._deltas += 1
+            self._delta_bytes += len(data)
         self._window = window
         self._watermark = watermark
         self.counters["checkpoints"] += 1
+        self.counters["checkpoint_bytes"] += len(data)
         return offsets, evicted
 
     def _try_place(self, sizes: Sequence[int]) -> Optional[List[int]]:
@@ -430,6 +491,7 @@ class OffsetBackend(StorageBackend):
             self.evict_listener(list(keys))
         for key in keys:
             entry = self._objects.pop(key)
+            self._changed[key] = None
             self._dropped.add(key)
             self._policy.remove(key)
             offset = _record_start(entry)
@@ -477,6 +539,7 @@ class OffsetBackend(StorageBackend):
                         self._deferred.append(_record_start(older))
                         self._policy.remove(entry.key)
                     self._objects[entry.key] = entry
+                    self._changed[entry.key] = entry
                     self._policy.insert(entry.key)
                 self.counters["bytes_written"] += sum(sizes)
         return evicted
@@ -506,6 +569,7 @@ class OffsetBackend(StorageBackend):
                 if entry is None and key not in self._dropped:
                     return False
                 if entry is not None:
+                    self._changed[key] = None
                     self._dropped.add(key)
                     self._policy.remove(key)
                     self._deferred.append(_record_start(entry))
@@ -591,6 +655,7 @@ class OffsetBackend(StorageBackend):
         """Forget a replica that failed verification. ``_lock`` held."""
         if self._objects.get(entry.key) is entry:
             del self._objects[entry.key]
+            self._changed[entry.key] = None
             self._dropped.add(entry.key)  # the checkpoint on disk may still list it
             self._policy.remove(entry.key)
             self._deferred.append(_record_start(entry))

@@ -1,0 +1,247 @@
+"""The offset backend's checkpoints: a base, then deltas of what changed (checkpoints.py).
+
+Every test takes checkpoints by writing past the window (or by closing), drops the backend
+as a killed process would, and reopens: the state must be the base with its deltas applied,
+a damaged or missing delta must not bring a removed key back, and a checkpoint must cost
+what changed, not what is stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+import gdskv.tiers.backends.offset as offset_module
+from backend_io import items
+from gdskv.errors import IoError
+from gdskv.tiers.backends.checkpoints import delta_files
+from gdskv.tiers.backends.offset import OffsetBackend
+from offset_child import value_of
+from test_offset import MiB, crash, open_backend, verify_holds
+
+KiB = 1 << 10
+
+
+def deltas(root: Path) -> List[Path]:
+    return [path for _base, _n, path in delta_files(root / "offset")]
+
+
+def fill(backend, prefix: str, count: int, size: int = 8 * KiB, seed: int = 0) -> Dict[str, tuple]:
+    """Write ``count`` objects one batch each; returns their spec for verify_holds."""
+    spec = {}
+    for i in range(count):
+        key = f"{prefix}{i}"
+        backend.write(items({key.encode(): value_of(seed + i, size)}))
+        spec[key] = (seed + i, size)
+    return spec
+
+
+def take_checkpoint(backend) -> None:
+    with backend._wlock:  # noqa: SLF001
+        backend._checkpoint([])  # noqa: SLF001
+
+
+def test_a_checkpoint_after_the_first_lists_only_what_changed(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync, capacity=32 * MiB, window_bytes=4 * MiB)
+    spec = fill(backend, "old", 200)
+    before = backend.counters["checkpoint_bytes"]
+    take_checkpoint(backend)  # lists the 200 objects written since the base taken at open
+    first = backend.counters["checkpoint_bytes"] - before
+    spec.update(fill(backend, "new", 3, seed=500))
+    assert backend.remove(b"old7")
+    del spec["old7"]
+    take_checkpoint(backend)
+    second = backend.counters["checkpoint_bytes"] - before - first
+    assert len(deltas(tmp_path)) == 2 and second < first / 10  # 3 added, 1 gone: not 202 objects again
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync, capacity=32 * MiB, window_bytes=4 * MiB)
+    verify_holds(again, spec)
+    assert not deltas(tmp_path)  # the open took a base of what it found, and dropped the deltas
+    again.close()
+
+
+def test_evictions_overwrites_and_removals_survive_through_deltas(tmp_path, direct_psync):
+    """Windows fill again and again (a delta each time), evicting the oldest objects; keys
+    are overwritten and removed in between. After a crash the state is exactly what the
+    backend held: nothing evicted or removed comes back, every overwrite wins."""
+    kw = dict(capacity=4 * MiB, window_bytes=512 * KiB)
+    backend = open_backend(tmp_path, direct_psync, **kw)
+    for round_ in range(6):
+        fill(backend, f"r{round_}-", 40, size=20 * KiB, seed=round_ * 100)
+        backend.write(items({b"hot": value_of(round_, 12 * KiB)}))
+        backend.remove(f"r{round_}-39".encode())
+    assert len(deltas(tmp_path)) > 3
+    held = {key.decode(): key for key in backend.keys()}
+    expected = {}
+    for name in held:
+        if name == "hot":
+            expected[name] = (5, 12 * KiB)
+        else:
+            round_, i = name[1:].split("-")
+            expected[name] = (int(round_) * 100 + int(i), 20 * KiB)
+    assert "r5-39" not in expected and "r0-0" not in expected  # removed; evicted
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync, **kw)
+    verify_holds(again, expected)
+    again.close()
+
+
+def test_deltas_are_folded_into_a_new_base(tmp_path, direct_psync, monkeypatch):
+    monkeypatch.setattr(offset_module, "base_is_due", lambda n, nbytes, base: n >= 3)
+    backend = open_backend(tmp_path, direct_psync)
+    spec = {}
+    for i in range(3):
+        spec.update(fill(backend, f"g{i}-", 2, seed=10 * i))
+        take_checkpoint(backend)
+    assert len(deltas(tmp_path)) == 3
+    spec.update(fill(backend, "last", 1, seed=99))
+    take_checkpoint(backend)  # the fourth: a base, and the deltas go
+    assert deltas(tmp_path) == []
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, spec)
+    again.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete the first", "truncate"])
+def test_a_damaged_or_missing_delta_starts_empty_rather_than_resurrect(tmp_path, direct_psync, damage):
+    """The base lists ``gone``; delta 2 says it was removed. Without delta 1 (or with any
+    delta damaged) the state after it is unknown: recovery starts empty, as for a damaged
+    base, and the data file is emptied so no old record comes back later."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"gone": value_of(1, 5000), b"kept": value_of(2, 5000)}))
+    take_checkpoint(backend)
+    backend.write(items({b"more": value_of(3, 5000)}))
+    take_checkpoint(backend)  # delta 1
+    assert backend.remove(b"gone")
+    take_checkpoint(backend)  # delta 2
+    crash(backend)
+    found = deltas(tmp_path)
+    first, second = found[0], found[-1]
+    if damage == "flip":
+        data = bytearray(second.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        second.write_bytes(bytes(data))
+    elif damage == "delete the first":
+        first.unlink()
+    else:
+        second.write_bytes(second.read_bytes()[:20])
+    again = OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB)
+    report = again.recover()
+    assert again.keys() == [] and report.dropped_corrupt == 1
+    assert deltas(tmp_path) == []
+    again.write(items({b"new": value_of(4, 5000)}))
+    crash(again)
+    last = open_backend(tmp_path, direct_psync)
+    verify_holds(last, {"new": (4, 5000)})
+    last.close()
+
+
+def test_deltas_of_an_earlier_base_are_never_applied(tmp_path, direct_psync):
+    """A delta left from an earlier base (its deletion never reached the disk) names that
+    base's watermark: a later base never takes it for its own."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"a": value_of(1, 5000)}))
+    take_checkpoint(backend)
+    assert backend.remove(b"a")
+    take_checkpoint(backend)  # delta 1 of the base at open: "a" gone
+    old = deltas(tmp_path)[0].read_bytes()
+    old_name = deltas(tmp_path)[0].name
+    backend.close()
+    again = open_backend(tmp_path, direct_psync)  # a new base; the delta is deleted
+    again.write(items({b"a": value_of(2, 5000)}))
+    crash(again)
+    (tmp_path / "offset" / old_name).write_bytes(old)  # as if its unlink had not landed
+    last = open_backend(tmp_path, direct_psync)
+    verify_holds(last, {"a": (2, 5000)})
+    last.close()
+
+
+def test_a_base_that_may_have_landed_is_followed_by_a_base(tmp_path, direct_psync, monkeypatch):
+    """A base whose directory fsync failed may be on disk all the same, with a new
+    watermark: a delta named for the old base would then be stale at the next open, and its
+    changes lost. So after a failed base the next checkpoint is a base too."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
+    real = offset_module.write_file_atomic
+    armed = [True]
+
+    def lands_then_fails(path, data, **kwargs):
+        real(path, data, **kwargs)
+        if armed[0] and path.name == "checkpoint":
+            armed[0] = False
+            raise IoError("directory fsync failed", path=str(path))
+
+    monkeypatch.setattr(offset_module, "write_file_atomic", lands_then_fails)
+    asked = []  # the size rule asks for a base once, after delta 1; the rest are deltas
+
+    def once(n, nbytes, base):
+        asked.append(n)
+        return n >= 1 and len(asked) == 2
+
+    monkeypatch.setattr(offset_module, "base_is_due", once)
+    take_checkpoint(backend)  # delta 1
+    with pytest.raises(IoError):
+        take_checkpoint(backend)  # a base: on disk, but reported failed
+    assert backend.remove(b"a")
+    take_checkpoint(backend)  # must be a base: a delta of the old base would be stale
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"b": (2, 5000)})
+    again.close()
+
+
+def test_a_failed_delta_keeps_its_changes_for_the_next_checkpoint(tmp_path, direct_psync, monkeypatch):
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
+    take_checkpoint(backend)
+    assert backend.remove(b"a")
+    real = offset_module.write_file_atomic
+    failing = [1]
+
+    def fails_once(path, data, **kwargs):
+        if failing[0]:
+            failing[0] -= 1
+            raise IoError("no space", path=str(path))
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(offset_module, "write_file_atomic", fails_once)
+    with pytest.raises(IoError):
+        take_checkpoint(backend)
+    backend.write(items({b"c": value_of(3, 5000)}))
+    take_checkpoint(backend)
+    crash(backend)
+    # The base lists "a"; its tombstone lies in a window no longer scanned. Only a delta
+    # that kept the change from the failed one says "a" is gone.
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"b": (2, 5000), "c": (3, 5000)})
+    again.close()
+
+
+def test_temporary_checkpoint_files_are_deleted_at_open(tmp_path, direct_psync):
+    backend = open_backend(tmp_path, direct_psync)
+    backend.close()
+    for name in ("checkpoint.tmp", "delta-0000000000000001-000001.tmp"):
+        (tmp_path / "offset" / name).write_bytes(b"torn")
+    again = open_backend(tmp_path, direct_psync)
+    assert sorted(p.name for p in (tmp_path / "offset").iterdir()) == ["checkpoint", "data"]
+    again.close()
+
+
+def test_an_older_offset_store_is_marked_with_the_new_layout(tmp_path):
+    """Stores of the first layout have no deltas and open as they are; from then on their
+    gdskv.json says layout 2, so a gdskv that reads only the base refuses them."""
+    import json
+
+    import gdskv
+
+    with gdskv.open(tmp_path / "s", dram="8MiB", ssd="16MiB", backend="offset", io_engine="psync") as store:
+        store.put("k", b"v" * 5000)
+    meta = tmp_path / "s" / "gdskv.json"
+    doc = json.loads(meta.read_text())
+    assert doc["format_version"] == 2
+    meta.write_text(json.dumps({**doc, "format_version": 1}))
+    with gdskv.open(tmp_path / "s", dram="8MiB", ssd="16MiB", backend="offset", io_engine="psync") as store:
+        assert store.get("k") == b"v" * 5000
+    assert json.loads(meta.read_text())["format_version"] == 2
