@@ -30,10 +30,11 @@ checkpoint:
   once it is durable: after a checkpoint that failed (no room, an I/O error), nothing is
   written into the file until one succeeds; the next write or remove takes one first.
 
-Reopening loads the checkpoint, scans only its window (:mod:`window`) for records newer
-than the watermark (each verified: header checksum, key and value CRC32C), applies them in sequence order (a
-record replaces an older one of its key; a tombstone removes it), rebuilds the allocator
-from the survivors, and writes a fresh checkpoint. Its watermark, and every sequence
+Reopening loads the checkpoint (the base, then its deltas in order), scans only the last
+one's window (:mod:`window`) for records newer than its watermark (each verified: header
+checksum, key and value CRC32C), applies them in sequence order (a record replaces an older
+one of its key; a tombstone removes it), rebuilds the allocator from the survivors, and
+writes a fresh base (deleting the deltas). Its watermark, and every sequence
 number after it, is above every one recovery saw (listed objects, and every header in the
 window that checks, tombstones and torn records included), so a number is never reused and
 a later scan never prefers a stale record. So every write acknowledged as durable
@@ -41,7 +42,8 @@ survives a crash, and a removed key never comes back. A value that itself contai
 valid record newer than the watermark could be mistaken for one in the window scan; only
 an adversarial value can do that.
 
-Without a usable checkpoint (damaged, or missing), recovery starts empty, since the file
+Without a usable checkpoint (a damaged or missing base, or a damaged delta, or one missing
+from the sequence), recovery starts empty, since the file
 alone cannot tell live records from removed or superseded ones; and it empties the data
 file (truncated, preallocated again, fsynced) before its first checkpoint, because the new
 records restart at sequence number 1 and a later window scan would take the old ones for
