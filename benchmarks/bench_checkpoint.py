@@ -11,7 +11,8 @@ checkpoints and the bytes they wrote. In the same run the same is done:
   checkpoints), the peer that shows what the offset layout costs at all.
 
 Ratios are the offset figure over each peer's. The write of a store of N objects runs
-through the backend API as ``bench_io.py`` does (64 MiB batches, O_DIRECT, ``uring``).
+through the backend API as ``bench_io.py`` does (``--batch`` bytes at a time, 64 MiB by
+default; O_DIRECT; ``uring``).
 
     python benchmarks/bench_checkpoint.py --sizes 1GiB,4GiB,16GiB --dir /var/tmp/gdskv-bench-ckpt
 """
@@ -48,7 +49,7 @@ class Cycling:
         return self.arena.view(i % VALUES)
 
 
-def measure(name: str, work: Path, engine, capacity: int, values: Cycling, written: int, bases_only: bool) -> dict:
+def measure(name: str, work: Path, engine, capacity: int, values: Cycling, written: int, batch: int, bases_only: bool) -> dict:
     """Fill a store of ``capacity``, write ``written`` bytes more; the write's figures."""
     spent = {"seconds": 0.0}
     real_checkpoint = offset_module.OffsetBackend._checkpoint
@@ -68,10 +69,10 @@ def measure(name: str, work: Path, engine, capacity: int, values: Cycling, writt
         backend = open_backend(name, work, engine, capacity)
         try:
             fill = capacity // (values.size + 4096)
-            gdskv_write(backend, values, [b"fill-%010d" % i for i in range(fill)], 64 << 20, evicting=True)
+            gdskv_write(backend, values, [b"fill-%010d" % i for i in range(fill)], batch, evicting=True)
             counters = getattr(backend, "counters", {})
             spent["seconds"], before = 0.0, counters.get("checkpoint_bytes", 0)
-            rate = gdskv_write(backend, values, [b"more-%010d" % i for i in range(written // values.size)], 64 << 20, evicting=True)
+            rate = gdskv_write(backend, values, [b"more-%010d" % i for i in range(written // values.size)], batch, evicting=True)
             return {
                 "objects": fill, "rate": rate, "checkpoint_s": spent["seconds"],
                 "checkpoint_bytes": counters.get("checkpoint_bytes", 0) - before,
@@ -89,12 +90,14 @@ def main() -> None:
     p.add_argument("--sizes", default="1GiB,4GiB,16GiB", help="store capacities (default 1GiB,4GiB,16GiB)")
     p.add_argument("--object", default="64KiB", help="object size (default 64KiB)")
     p.add_argument("--write", default="1GiB", help="bytes written into each full store (default 1GiB)")
+    p.add_argument("--batch", default="64MiB", help="bytes per write batch (default 64MiB, the bucket size)")
     p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temporary one)")
     p.add_argument("--engine", default="uring", help="I/O engine (default uring)")
     args = p.parse_args()
     sizes = [parse_size(s, field="--sizes") for s in args.sizes.split(",")]
     object_size = parse_size(args.object, field="--object")
     written = parse_size(args.write, field="--write")
+    batch = parse_size(args.batch, field="--batch")
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gdskv-bench-ckpt-"))
     base.mkdir(parents=True, exist_ok=True)
     engine = make_engine(args.engine, direct=True, directory=base)
@@ -106,9 +109,9 @@ def main() -> None:
     try:
         for capacity in sizes:
             runs = {
-                "offset": measure("offset", base / "offset", engine, capacity, values, written, False),
-                "bases only": measure("offset", base / "offset", engine, capacity, values, written, True),
-                "bucket": measure("bucket", base / "bucket", engine, capacity, values, written, False),
+                "offset": measure("offset", base / "offset", engine, capacity, values, written, batch, False),
+                "bases only": measure("offset", base / "offset", engine, capacity, values, written, batch, True),
+                "bucket": measure("bucket", base / "bucket", engine, capacity, values, written, batch, False),
             }
             for label, run in runs.items():
                 ratio = "" if label == "offset" else f"offset {runs['offset']['rate'] / run['rate']:.2f}x"
