@@ -315,13 +315,17 @@ class OffsetBackend(StorageBackend):
         return checkpoint.objects, checkpoint.window
 
     def _drop_deltas(self) -> None:
-        """Delete every delta file, durably, before a store without a usable base starts
-        over: its sequence numbers restart, and a later base could take an old delta for
-        its own. Raises IoError."""
+        """Delete every delta file, durably, before a store without a usable checkpoint
+        starts over: its sequence numbers restart, and a later base could take an old delta
+        for its own. The base goes first (durably): a base left without its deltas would
+        be taken for the whole state by the next open, should this one stop before its new
+        base is written, and the keys they removed would come back. Raises IoError."""
         stale = delta_files(self.dir)
         if not stale:
             return
         try:
+            self.checkpoint_path.unlink(missing_ok=True)
+            fsync_dir(self.dir)
             for _base, _n, path in stale:
                 path.unlink(missing_ok=True)
             fsync_dir(self.dir)
@@ -407,16 +411,16 @@ class OffsetBackend(StorageBackend):
             watermark = self._next_seq - 1
             changes, self._changed = self._changed, {}  # a change after this is in the next one
             unlisted = set(self._dropped)  # a key dropped after this is in ``listed`` / ``changes``
-        if base:
-            path, data = self.checkpoint_path, encode_base(watermark, self.capacity, listed, window)
-        else:
-            added = [entry for entry in changes.values() if entry is not None]
-            gone = [key for key, entry in changes.items() if entry is None]
-            path = self.dir / delta_name(self._base, self._deltas + 1)
-            data = encode_delta(self._base, watermark, self.capacity, added, gone, window)
         try:
+            if base:
+                path, data = self.checkpoint_path, encode_base(watermark, self.capacity, listed, window)
+            else:
+                added = [entry for entry in changes.values() if entry is not None]
+                gone = [key for key, entry in changes.items() if entry is None]
+                path = self.dir / delta_name(self._base, self._deltas + 1)
+                data = encode_delta(self._base, watermark, self.capacity, added, gone, window)
             write_file_atomic(path, data)
-        except IoError:
+        except BaseException:  # (an IoError; a MemoryError or an interrupt loses nothing either)
             with self._lock:
                 for offset in offsets:
                     self._alloc.free(offset)

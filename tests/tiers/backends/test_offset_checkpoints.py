@@ -17,6 +17,7 @@ from backend_io import items
 from gdskv.errors import IoError
 from gdskv.tiers.backends.checkpoints import delta_files
 from gdskv.tiers.backends.offset import OffsetBackend
+from gdskv.tiers.backends.record import head_size
 from offset_child import value_of
 from test_offset import MiB, crash, open_backend, verify_holds
 
@@ -136,6 +137,94 @@ def test_a_damaged_or_missing_delta_starts_empty_rather_than_resurrect(tmp_path,
     last = open_backend(tmp_path, direct_psync)
     verify_holds(last, {"new": (4, 5000)})
     last.close()
+
+
+def damage_last_delta_after_a_remove(tmp_path, direct_psync) -> None:
+    """A store whose base lists ``gone`` and ``kept``; ``gone`` was removed since (its
+    tombstone in a window no longer scanned: only a delta says it is gone); then the last
+    delta is damaged."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"gone": value_of(1, 5000), b"kept": value_of(2, 5000)}))
+    backend.close()
+    backend = open_backend(tmp_path, direct_psync)  # a base listing both
+    ((start, end),) = backend._window  # noqa: SLF001
+    backend.write(items({b"filler": value_of(9, end - start - head_size(6))}))  # fills the base's window
+    take_checkpoint(backend)  # delta 1, with a window of its own
+    assert backend.remove(b"gone")
+    take_checkpoint(backend)  # delta 2: "gone" gone
+    take_checkpoint(backend)  # delta 3
+    crash(backend)
+    last = deltas(tmp_path)[-1]
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    last.write_bytes(bytes(data))
+
+
+class Stop(BaseException):
+    """A process that dies at this point."""
+
+
+def test_an_open_that_stops_after_dropping_the_deltas_leaves_no_base_behind(tmp_path, direct_psync, monkeypatch):
+    """The open that found a damaged delta deletes the deltas; if it stops before its new
+    base (here: before the data file is emptied), the next open must not take the old base
+    alone for the whole state: "gone" would come back with its old bytes."""
+    damage_last_delta_after_a_remove(tmp_path, direct_psync)
+
+    def stop(self, *, empty):
+        raise Stop()
+
+    monkeypatch.setattr(OffsetBackend, "_open_data_file", stop)
+    with pytest.raises(Stop):
+        OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB).recover()
+    monkeypatch.undo()
+    again = open_backend(tmp_path, direct_psync)
+    assert b"gone" not in again.keys()
+    again.close()
+
+
+def test_an_open_whose_new_base_fails_after_dropping_the_deltas_leaves_no_base_behind(tmp_path, direct_psync, monkeypatch):
+    damage_last_delta_after_a_remove(tmp_path, direct_psync)
+
+    def no_space(path, data, **kwargs):
+        raise IoError("no space", path=str(path))
+
+    monkeypatch.setattr(offset_module, "write_file_atomic", no_space)
+    with pytest.raises(IoError):
+        OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB).recover()
+    monkeypatch.undo()
+    again = open_backend(tmp_path, direct_psync)
+    assert b"gone" not in again.keys()
+    again.close()
+
+
+@pytest.mark.parametrize("where", ["encode_delta", "write_file_atomic"])
+def test_a_checkpoint_cut_short_by_any_exception_keeps_its_changes(tmp_path, direct_psync, monkeypatch, where):
+    """A MemoryError while encoding, an interrupt while writing: the changes the checkpoint
+    took go into the next one, or "a" (removed) comes back and "c" (written into the space
+    "a" left) is lost."""
+    backend = open_backend(tmp_path, direct_psync)
+    backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
+    take_checkpoint(backend)
+    assert backend.remove(b"a")
+    real = getattr(offset_module, where)
+    armed = [True]
+    exc = MemoryError if where == "encode_delta" else KeyboardInterrupt
+
+    def fails_once(*args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            raise exc()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(offset_module, where, fails_once)
+    with pytest.raises(exc):
+        take_checkpoint(backend)
+    backend.write(items({b"c": value_of(3, 5000)}))
+    take_checkpoint(backend)
+    crash(backend)
+    again = open_backend(tmp_path, direct_psync)
+    verify_holds(again, {"b": (2, 5000), "c": (3, 5000)})
+    again.close()
 
 
 def test_deltas_of_an_earlier_base_are_never_applied(tmp_path, direct_psync):
