@@ -699,6 +699,7 @@ class OffsetBackend(StorageBackend):
         return {
             "window_bytes": sum(end - start for start, end in self._window),
             "free_extents": self._alloc.free_extents,
+            "checkpoint_deltas": self._deltas,  # written since the last base
         }
 
     def close(self) -> None:

@@ -95,10 +95,10 @@ def test_deltas_are_folded_into_a_new_base(tmp_path, direct_psync, monkeypatch):
     for i in range(3):
         spec.update(fill(backend, f"g{i}-", 2, seed=10 * i))
         take_checkpoint(backend)
-    assert len(deltas(tmp_path)) == 3
+    assert len(deltas(tmp_path)) == 3 and backend.layout_stats()["checkpoint_deltas"] == 3
     spec.update(fill(backend, "last", 1, seed=99))
     take_checkpoint(backend)  # the fourth: a base, and the deltas go
-    assert deltas(tmp_path) == []
+    assert deltas(tmp_path) == [] and backend.layout_stats()["checkpoint_deltas"] == 0
     crash(backend)
     again = open_backend(tmp_path, direct_psync)
     verify_holds(again, spec)
