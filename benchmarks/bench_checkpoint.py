@@ -39,7 +39,7 @@ VALUES = 4096
 
 
 class Cycling:
-    """``Arena``'s interface over ``count`` keys, cycling through its values."""
+    """``Arena``'s interface for any number of objects: object ``i`` is value ``i % VALUES``."""
 
     def __init__(self, arena: Arena) -> None:
         self.arena = arena

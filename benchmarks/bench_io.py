@@ -69,7 +69,7 @@ import numpy as np
 from gdskv.config import format_size, parse_size
 from gdskv.errors import GdskvError
 from gdskv.gds import make_engine
-from gdskv.gds.aligned import transparent_huge_pages
+from gdskv.gds.aligned import is_direct_fd, transparent_huge_pages
 from gdskv.gds.engine import IoRequest
 from gdskv.gds.probe import fs_type
 from gdskv.tiers.backends import make_backend
@@ -288,15 +288,17 @@ def out_buffers(count: int, size: int, align: str) -> Tuple[memoryview, List[mem
     return memoryview(area), [memoryview(area[first + i * stride + pad : first + i * stride + pad + size]) for i in range(count)]
 
 
-def warm_memory(engine, directory: Path, *areas: memoryview) -> None:
+def warm_memory(engine, directory: Path, *areas: memoryview) -> bool:
     """Move every page-aligned 2 MiB piece of ``areas`` through one O_DIRECT write to a
     scratch file in ``directory`` and one read back (the bytes stay as they were), before
     anything is timed. On the test VM the first O_DIRECT transfer of memory that never took
     part in one ran about 10% slower than every later one, also after the CPU had rewritten
     that memory; a store's DRAM arena pays that once in its life, and fio's buffers come
-    from the same reserved huge pages run after run."""
+    from the same reserved huge pages run after run. Returns whether the scratch file took
+    O_DIRECT (a filesystem may refuse it: the memory then went through the page cache)."""
     scratch = directory / "warm.tmp"
     fd = engine.open_file(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    direct = is_direct_fd(fd)
     try:
         for area in areas:
             start = -np.frombuffer(area, np.uint8).ctypes.data % 4096  # the first page boundary
@@ -309,6 +311,7 @@ def warm_memory(engine, directory: Path, *areas: memoryview) -> None:
     finally:
         os.close(fd)
         scratch.unlink()
+    return direct
 
 
 def drop_cache(directory: Path) -> None:
@@ -496,8 +499,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"# fio buffers: {fio_mem.describe()}")
     print(f"# python {platform.python_version()}, numpy {np.__version__}; read buffers aligned to {args.out_align}; "
           f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}, "
-          f"in memory allocated as the DRAM tier's arena (transparent huge pages: {transparent_huge_pages() or 'none'}); "
-          "values and read buffers moved by O_DIRECT once before the timed runs, as a store's memory is after its first pass")
+          f"in memory allocated as the DRAM tier's arena (transparent huge pages: {transparent_huge_pages() or 'none'})")
     print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
           f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
 
@@ -532,8 +534,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             arena = Arena(n, size, args.seed + size, args.value_align)
             keys = [f"obj-{size}-{i}".encode() for i in range(n)]
             out_area, outs = out_buffers(args.qd, size, args.out_align)
-            if warmer is not None:
-                warm_memory(warmer, base, memoryview(arena.map), out_area)
+            if warmer is not None and warm_memory(warmer, base, memoryview(arena.map), out_area) and size == sizes[0]:
+                print("# values and read buffers moved by O_DIRECT once before the timed runs, as a store's memory is after its first pass")
             for r in range(args.repeat):
                 for engine_name, backend_name in rotated(runs, r):
                     peer: Dict[str, Optional[float]] = {"write": None, "write full": None, "read": None}

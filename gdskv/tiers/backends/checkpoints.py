@@ -14,9 +14,10 @@ costs time in proportion to the store, not to what changed: with 60k objects of 
 base took about 30 ms, a seventh of the time of the 256 MiB of writes between two of them,
 and the share grows with the store. A delta lists only what changed since the checkpoint
 before it. A new base (and the deletion of every delta file) comes once the deltas since
-the last base add up to more bytes than it, or number :data:`MAX_DELTAS`: the bytes written
-for checkpoints stay within about twice those of the changes, and an open reads at most
-that many small files.
+the last base add up to more bytes than it, or number :data:`MAX_DELTAS`: so the bytes a
+base costs are spread over as many bytes of deltas, or over 64 windows of writes (a store
+of many small objects reaches that first), and an open reads at most that many small
+files.
 
 The state on disk is the base with its deltas applied in order (keys gone first, then the
 objects added). A base's watermark is a sequence number no record uses (the backend spends
@@ -36,6 +37,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import crc32c as _crc
 
 from gdskv.errors import CorruptionError, FormatVersionError
+from gdskv.tiers.backends.files import TMP_SUFFIX
 from gdskv.tiers.backends.record import FORMAT_VERSION, IndexEntry, decode_index, encode_index
 from gdskv.tiers.backends.window import WINDOW_KEY
 
@@ -125,18 +127,22 @@ def delta_name(base: int, n: int) -> str:
 
 
 def delta_files(directory: Path) -> List[Tuple[int, int, Path]]:
-    """``(base, n, path)`` of every delta file in ``directory``, in name order."""
+    """``(base, n, path)`` of every delta file in ``directory`` (regular files named as
+    deltas; anything else is left alone), in name order. Raises OSError."""
     found = []
     for path in directory.iterdir():
         match = _DELTA_NAME.fullmatch(path.name)
-        if match:
+        if match and path.is_file():
             found.append((int(match.group(1), 16), int(match.group(2)), path))
     return sorted(found)
 
 
 def is_temporary(name: str) -> bool:
-    """Whether ``name`` is a checkpoint file's temporary name (a write cut short)."""
-    return name.endswith(".tmp") and (name.startswith(BASE_FILE) or _DELTA_NAME.fullmatch(name[: -len(".tmp")]) is not None)
+    """Whether ``name`` is the temporary name of a checkpoint file (a write cut short)."""
+    if not name.endswith(TMP_SUFFIX):
+        return False
+    stem = name[: -len(TMP_SUFFIX)]
+    return stem == BASE_FILE or _DELTA_NAME.fullmatch(stem) is not None
 
 
 def base_is_due(deltas: int, delta_bytes: int, base_bytes: int) -> bool:

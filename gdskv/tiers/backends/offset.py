@@ -99,7 +99,6 @@ log = logging.getLogger(__name__)
 _READ = IoOp.READ
 
 DATA_FILE = "data"
-CHECKPOINT_FILE = BASE_FILE
 
 
 class OffsetBackend(StorageBackend):
@@ -125,7 +124,7 @@ class OffsetBackend(StorageBackend):
         super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, eviction=eviction, verify_on_open=verify_on_open)
         self.data_path = self.dir / DATA_FILE
         self._path = str(self.data_path)  # for error messages, made once
-        self.checkpoint_path = self.dir / CHECKPOINT_FILE
+        self.checkpoint_path = self.dir / BASE_FILE
         self.window_bytes = min(window_bytes or default_window(self.capacity), self.capacity)
         self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
@@ -165,7 +164,7 @@ class OffsetBackend(StorageBackend):
         """The capacity of the offset store in ``root`` as its checkpoint records it (the
         size of its data file); None where there is no readable checkpoint."""
         try:
-            _watermark, capacity, _listed = decode_index((Path(root) / cls.subdir / CHECKPOINT_FILE).read_bytes())
+            _watermark, capacity, _listed = decode_index((Path(root) / cls.subdir / BASE_FILE).read_bytes())
         except (OSError, GdskvError):
             return None
         return capacity
@@ -182,9 +181,12 @@ class OffsetBackend(StorageBackend):
         checkpoint (missing or damaged) the data file is emptied before that checkpoint
         (see the module docstring)."""
         report = RecoveryReport()
-        for path in self.dir.iterdir():
-            if is_temporary(path.name):
-                unlink_quietly(path)
+        try:
+            temporaries = [path for path in self.dir.iterdir() if is_temporary(path.name)]
+        except OSError as exc:
+            raise IoError(f"cannot list the checkpoint files: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
+        for path in temporaries:
+            unlink_quietly(path)
         loaded = self._load_checkpoint(report)  # first: a newer format raises before any file is touched
         self._open_data_file(empty=loaded is None)
         try:
@@ -320,10 +322,10 @@ class OffsetBackend(StorageBackend):
         for its own. The base goes first (durably): a base left without its deltas would
         be taken for the whole state by the next open, should this one stop before its new
         base is written, and the keys they removed would come back. Raises IoError."""
-        stale = delta_files(self.dir)
-        if not stale:
-            return
         try:
+            stale = delta_files(self.dir)
+            if not stale:
+                return
             self.checkpoint_path.unlink(missing_ok=True)
             fsync_dir(self.dir)
             for _base, _n, path in stale:
@@ -426,9 +428,10 @@ class OffsetBackend(StorageBackend):
                     self._alloc.free(offset)
                 for key, entry in changes.items():  # still to be written: the newer change wins
                     self._changed.setdefault(key, entry)
-            # The file may have landed all the same (its directory's fsync failed): a base
-            # then has a watermark the deltas named for the old one do not match, and a
-            # delta is written again under the same name. So the next one is a base.
+            # The file may have landed all the same (its directory's fsync failed). A delta
+            # that did is written again, under the same name, by the next checkpoint. A base
+            # that did has a new watermark, which the deltas named for the base before do not
+            # match: so after a failed base the next checkpoint is a base too.
             self._base_due = self._base_due or base
             raise
         with self._lock:
@@ -436,9 +439,6 @@ class OffsetBackend(StorageBackend):
         if base:
             self._base, self._deltas, self._delta_bytes, self._base_bytes = watermark, 0, 0, len(data)
             self._base_due = False
-            for of_base, _n, stale in delta_files(self.dir):  # the base lists what they said
-                if of_base != watermark:
-                    unlink_quietly(stale)
         else:
             self._deltas += 1
             self._delta_bytes += len(data)
@@ -446,7 +446,20 @@ class OffsetBackend(StorageBackend):
         self._watermark = watermark
         self.counters["checkpoints"] += 1
         self.counters["checkpoint_bytes"] += len(data)
+        if base:
+            self._delete_stale_deltas()
         return offsets, evicted
+
+    def _delete_stale_deltas(self) -> None:
+        """Delete the deltas of earlier bases, which the base just written lists in full.
+        Best effort: one left behind is never applied to another base (it names its own),
+        and the next base, or open, tries again."""
+        try:
+            for of_base, _n, stale in delta_files(self.dir):
+                if of_base != self._base:
+                    unlink_quietly(stale)
+        except OSError as exc:
+            log.warning("gdskv: could not list old checkpoint deltas in %s: %s", self.dir, exc)
 
     def _try_place(self, sizes: Sequence[int]) -> Optional[List[int]]:
         """Allocate every size or none. ``_lock`` held."""

@@ -15,9 +15,17 @@ import pytest
 import gdskv.tiers.backends.offset as offset_module
 from backend_io import items
 from gdskv.errors import IoError
-from gdskv.tiers.backends.checkpoints import delta_files
+from gdskv.tiers.backends.checkpoints import (
+    MAX_DELTAS,
+    MIN_DELTA_BUDGET,
+    Checkpoint,
+    apply_delta,
+    base_is_due,
+    delta_files,
+    encode_delta,
+)
 from gdskv.tiers.backends.offset import OffsetBackend
-from gdskv.tiers.backends.record import head_size
+from gdskv.tiers.backends.record import IndexEntry, head_size
 from offset_child import value_of
 from test_offset import MiB, crash, open_backend, verify_holds
 
@@ -308,13 +316,18 @@ def test_a_failed_delta_keeps_its_changes_for_the_next_checkpoint(tmp_path, dire
     again.close()
 
 
-def test_temporary_checkpoint_files_are_deleted_at_open(tmp_path, direct_psync):
+def test_temporary_checkpoint_files_are_deleted_at_open_and_nothing_else(tmp_path, direct_psync):
     backend = open_backend(tmp_path, direct_psync)
     backend.close()
     for name in ("checkpoint.tmp", "delta-0000000000000001-000001.tmp"):
         (tmp_path / "offset" / name).write_bytes(b"torn")
+    for name in ("checkpoint-backup.tmp", "notes.tmp"):  # someone's files: left alone
+        (tmp_path / "offset" / name).write_bytes(b"mine")
+    (tmp_path / "offset" / "delta-0000000000000005-000001").mkdir()  # not a file: not a delta
     again = open_backend(tmp_path, direct_psync)
-    assert sorted(p.name for p in (tmp_path / "offset").iterdir()) == ["checkpoint", "data"]
+    assert sorted(p.name for p in (tmp_path / "offset").iterdir()) == [
+        "checkpoint", "checkpoint-backup.tmp", "data", "delta-0000000000000005-000001", "notes.tmp",
+    ]
     again.close()
 
 
@@ -327,6 +340,9 @@ def test_an_older_offset_store_is_marked_with_the_new_layout(tmp_path):
 
     with gdskv.open(tmp_path / "s", dram="8MiB", ssd="16MiB", backend="offset", io_engine="psync") as store:
         store.put("k", b"v" * 5000)
+        store.flush()
+        store._backend._base_due = True  # noqa: SLF001  (its final checkpoint a base: the first layout's files)
+    assert deltas(tmp_path / "s") == []
     meta = tmp_path / "s" / "gdskv.json"
     doc = json.loads(meta.read_text())
     assert doc["format_version"] == 2
@@ -334,3 +350,62 @@ def test_an_older_offset_store_is_marked_with_the_new_layout(tmp_path):
     with gdskv.open(tmp_path / "s", dram="8MiB", ssd="16MiB", backend="offset", io_engine="psync") as store:
         assert store.get("k") == b"v" * 5000
     assert json.loads(meta.read_text())["format_version"] == 2
+
+
+def test_base_is_due_after_64_deltas_or_once_they_outgrow_the_base():
+    assert not base_is_due(0, 0, 10 << 20)
+    assert not base_is_due(MAX_DELTAS - 1, 1 << 20, 10 << 20)
+    assert base_is_due(MAX_DELTAS, 0, 10 << 20)
+    assert base_is_due(2, (10 << 20) + 1, 10 << 20)  # more delta bytes than the base
+    assert not base_is_due(2, MIN_DELTA_BUDGET, 1000)  # a small base: the budget's minimum
+    assert base_is_due(2, MIN_DELTA_BUDGET + 1, 1000)
+
+
+def one_delta() -> bytes:
+    added = [IndexEntry(b"k", 4096 + 4096, 100, 7, 1234)]
+    return encode_delta(5, 9, 1 << 20, added, [b"gone"], [(0, 4096)])
+
+
+@pytest.mark.parametrize("damage", ["magic", "header crc", "entries", "removed keys", "length", "other base"])
+def test_a_damaged_delta_is_corruption(damage):
+    from gdskv.errors import CorruptionError
+    from gdskv.tiers.backends.checkpoints import DELTA_HEADER
+
+    raw = bytearray(one_delta())
+    base = 5
+    if damage == "magic":
+        raw[0:4] = b"XXXX"
+    elif damage == "header crc":
+        raw[DELTA_HEADER.size - 1] ^= 1
+    elif damage == "entries":
+        raw[DELTA_HEADER.size + 40] ^= 1
+    elif damage == "removed keys":
+        raw[-1] ^= 1
+    elif damage == "length":
+        raw = raw[: DELTA_HEADER.size + 10]
+    else:
+        base = 6
+    checkpoint = Checkpoint(5, 1 << 20, {b"gone": IndexEntry(b"gone", 0, 1, 1, 1)}, [])
+    with pytest.raises(CorruptionError):
+        apply_delta(checkpoint, bytes(raw), base=base, path="delta", capacity=1 << 20)
+
+
+def test_a_delta_applies_its_changes_and_a_newer_format_is_refused():
+    import struct
+
+    import crc32c
+
+    from gdskv.errors import FormatVersionError
+    from gdskv.tiers.backends.checkpoints import DELTA_HEADER
+    from gdskv.tiers.backends.record import FORMAT_VERSION
+
+    checkpoint = Checkpoint(5, 1 << 20, {b"gone": IndexEntry(b"gone", 0, 1, 1, 1)}, [(0, 1 << 20)])
+    apply_delta(checkpoint, one_delta(), base=5, path="delta", capacity=1 << 20)
+    assert checkpoint.watermark == 9 and checkpoint.window == [(0, 4096)] and checkpoint.newest == 7
+    assert list(checkpoint.objects) == [b"k"]
+
+    raw = bytearray(one_delta())
+    struct.pack_into("<H", raw, 4, FORMAT_VERSION + 1)
+    struct.pack_into("<I", raw, DELTA_HEADER.size - 4, crc32c.crc32c(bytes(raw[: DELTA_HEADER.size - 4])))
+    with pytest.raises(FormatVersionError):
+        apply_delta(Checkpoint(5, 1 << 20, {}, []), bytes(raw), base=5, path="delta", capacity=1 << 20)
