@@ -57,11 +57,12 @@ while a read is in flight.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
@@ -132,7 +133,8 @@ class OffsetBackend(StorageBackend):
         self._deferred: List[int] = []  # record offsets to free after the next checkpoint
         #: Keys gone from the index (evicted, removed, dropped) that the checkpoint on disk still
         #: lists and no durable tombstone outranks: cleared by each checkpoint (lock held).
-        self._dropped: Set[bytes] = set()
+        self._dropped: Dict[bytes, int] = {}  # key -> the number of its latest drop
+        self._drops = itertools.count()
         self._pins: Dict[int, int] = {}
         self._window: List[Tuple[int, int]] = []  # sorted (start, end)
         self._watermark = 0
@@ -412,7 +414,7 @@ class OffsetBackend(StorageBackend):
                 listed = list(self._objects.values())
             watermark = self._next_seq - 1
             changes, self._changed = self._changed, {}  # a change after this is in the next one
-            unlisted = set(self._dropped)  # a key dropped after this is in ``listed`` / ``changes``
+            unlisted = dict(self._dropped)  # a key dropped after this is in ``listed`` / ``changes``
         try:
             if base:
                 path, data = self.checkpoint_path, encode_base(watermark, self.capacity, listed, window)
@@ -435,7 +437,9 @@ class OffsetBackend(StorageBackend):
             self._base_due = self._base_due or base
             raise
         with self._lock:
-            self._dropped -= unlisted  # the checkpoint on disk does not list them any more
+            for key, drop in unlisted.items():  # the checkpoint on disk does not list them any more
+                if self._dropped.get(key) == drop:  # (dropped again meanwhile: it may list that one)
+                    del self._dropped[key]
         if base:
             self._base, self._deltas, self._delta_bytes, self._base_bytes = watermark, 0, 0, len(data)
             self._base_due = False
@@ -511,7 +515,7 @@ class OffsetBackend(StorageBackend):
         for key in keys:
             entry = self._objects.pop(key)
             self._changed[key] = None
-            self._dropped.add(key)
+            self._dropped[key] = next(self._drops)
             self._policy.remove(key)
             offset = _record_start(entry)
             if self._pins.get(offset):
@@ -589,7 +593,7 @@ class OffsetBackend(StorageBackend):
                     return False
                 if entry is not None:
                     self._changed[key] = None
-                    self._dropped.add(key)
+                    self._dropped[key] = next(self._drops)
                     self._policy.remove(key)
                     self._deferred.append(_record_start(entry))
             if entry is None:
@@ -618,7 +622,7 @@ class OffsetBackend(StorageBackend):
                 return True
             with self._lock:
                 self._deferred.append(offsets[0])
-                self._dropped.discard(key)  # the tombstone outranks what the checkpoint lists
+                self._dropped.pop(key, None)  # the tombstone outranks what the checkpoint lists
             self.counters["tombstones"] += 1
             return True
 
@@ -675,7 +679,7 @@ class OffsetBackend(StorageBackend):
         if self._objects.get(entry.key) is entry:
             del self._objects[entry.key]
             self._changed[entry.key] = None
-            self._dropped.add(entry.key)  # the checkpoint on disk may still list it
+            self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
             self._policy.remove(entry.key)
             self._deferred.append(_record_start(entry))
 
