@@ -172,17 +172,27 @@ class Stop(BaseException):
     """A process that dies at this point."""
 
 
-def test_an_open_that_stops_after_dropping_the_deltas_leaves_no_base_behind(tmp_path, direct_psync, monkeypatch):
-    """The open that found a damaged delta deletes the deltas; if it stops before its new
-    base (here: before the data file is emptied), the next open must not take the old base
-    alone for the whole state: "gone" would come back with its old bytes."""
+@pytest.mark.parametrize("how", ["it stops", "its new base fails"])
+def test_an_open_cut_short_after_dropping_the_deltas_leaves_no_base_behind(tmp_path, direct_psync, monkeypatch, how):
+    """The open that found a damaged delta deletes the deltas. If it then stops (here:
+    before the data file is emptied) or cannot write its new base (a full disk), the next
+    open must not take the old base alone for the whole state: "gone" would come back."""
     damage_last_delta_after_a_remove(tmp_path, direct_psync)
+    if how == "it stops":
+        failure = Stop
 
-    def stop(self, *, empty):
-        raise Stop()
+        def stop(self, *, empty):
+            raise Stop()
 
-    monkeypatch.setattr(OffsetBackend, "_open_data_file", stop)
-    with pytest.raises(Stop):
+        monkeypatch.setattr(OffsetBackend, "_open_data_file", stop)
+    else:
+        failure = IoError
+
+        def no_space(path, data, **kwargs):
+            raise IoError("no space", path=str(path))
+
+        monkeypatch.setattr(offset_module, "write_file_atomic", no_space)
+    with pytest.raises(failure):
         OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB).recover()
     monkeypatch.undo()
     again = open_backend(tmp_path, direct_psync)
@@ -190,42 +200,31 @@ def test_an_open_that_stops_after_dropping_the_deltas_leaves_no_base_behind(tmp_
     again.close()
 
 
-def test_an_open_whose_new_base_fails_after_dropping_the_deltas_leaves_no_base_behind(tmp_path, direct_psync, monkeypatch):
-    damage_last_delta_after_a_remove(tmp_path, direct_psync)
-
-    def no_space(path, data, **kwargs):
-        raise IoError("no space", path=str(path))
-
-    monkeypatch.setattr(offset_module, "write_file_atomic", no_space)
-    with pytest.raises(IoError):
-        OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB).recover()
-    monkeypatch.undo()
-    again = open_backend(tmp_path, direct_psync)
-    assert b"gone" not in again.keys()
-    again.close()
-
-
-@pytest.mark.parametrize("where", ["encode_delta", "write_file_atomic"])
-def test_a_checkpoint_cut_short_by_any_exception_keeps_its_changes(tmp_path, direct_psync, monkeypatch, where):
-    """A MemoryError while encoding, an interrupt while writing: the changes the checkpoint
-    took go into the next one, or "a" (removed) comes back and "c" (written into the space
-    "a" left) is lost."""
+@pytest.mark.parametrize("where, exc", [
+    ("write_file_atomic", IoError("no space", path="checkpoint")),
+    ("encode_delta", MemoryError()),
+    ("write_file_atomic", KeyboardInterrupt()),
+], ids=["IoError", "MemoryError", "KeyboardInterrupt"])
+def test_a_checkpoint_cut_short_keeps_its_changes_for_the_next(tmp_path, direct_psync, monkeypatch, where, exc):
+    """A full disk, a MemoryError while encoding, an interrupt while writing: the changes
+    the failed checkpoint took go into the next one. The base lists "a", its tombstone lies
+    in a window no longer scanned: without them "a" (removed) comes back, and "c" (written
+    into the space "a" left) is lost."""
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
     take_checkpoint(backend)
     assert backend.remove(b"a")
     real = getattr(offset_module, where)
     armed = [True]
-    exc = MemoryError if where == "encode_delta" else KeyboardInterrupt
 
     def fails_once(*args, **kwargs):
         if armed[0]:
             armed[0] = False
-            raise exc()
+            raise exc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(offset_module, where, fails_once)
-    with pytest.raises(exc):
+    with pytest.raises(type(exc)):
         take_checkpoint(backend)
     backend.write(items({b"c": value_of(3, 5000)}))
     take_checkpoint(backend)
@@ -286,33 +285,6 @@ def test_a_base_that_may_have_landed_is_followed_by_a_base(tmp_path, direct_psyn
     crash(backend)
     again = open_backend(tmp_path, direct_psync)
     verify_holds(again, {"b": (2, 5000)})
-    again.close()
-
-
-def test_a_failed_delta_keeps_its_changes_for_the_next_checkpoint(tmp_path, direct_psync, monkeypatch):
-    backend = open_backend(tmp_path, direct_psync)
-    backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
-    take_checkpoint(backend)
-    assert backend.remove(b"a")
-    real = offset_module.write_file_atomic
-    failing = [1]
-
-    def fails_once(path, data, **kwargs):
-        if failing[0]:
-            failing[0] -= 1
-            raise IoError("no space", path=str(path))
-        return real(path, data, **kwargs)
-
-    monkeypatch.setattr(offset_module, "write_file_atomic", fails_once)
-    with pytest.raises(IoError):
-        take_checkpoint(backend)
-    backend.write(items({b"c": value_of(3, 5000)}))
-    take_checkpoint(backend)
-    crash(backend)
-    # The base lists "a"; its tombstone lies in a window no longer scanned. Only a delta
-    # that kept the change from the failed one says "a" is gone.
-    again = open_backend(tmp_path, direct_psync)
-    verify_holds(again, {"b": (2, 5000), "c": (3, 5000)})
     again.close()
 
 
