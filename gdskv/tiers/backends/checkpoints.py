@@ -164,25 +164,22 @@ def _take(checkpoint: Checkpoint, listed: List[IndexEntry], capacity: int) -> No
             checkpoint.newest = max(checkpoint.newest, entry.seq)
 
 
-def read_checkpoint(directory: Path, *, capacity: int, read) -> Optional[Tuple[Checkpoint, int, int, int]]:
-    """Load the base in ``directory`` and apply its deltas. ``read(path)`` returns a file's
-    bytes (raising OSError). Returns ``(checkpoint, base watermark, deltas applied, their
-    bytes)``, or None when there is no base. Raises CorruptionError for a damaged base or
-    delta (or one missing from the sequence), FormatVersionError, OSError."""
+def read_checkpoint(directory: Path, *, capacity: int) -> Optional[Checkpoint]:
+    """The state of the base in ``directory`` with its deltas applied in order; None when
+    there is no base. Raises CorruptionError for a damaged base or delta (or one missing
+    from the sequence), FormatVersionError, OSError."""
     base_path = directory / BASE_FILE
     if not base_path.exists():
         return None
-    raw = read(base_path)
+    raw = base_path.read_bytes()
     checkpoint = decode_base(raw, path=str(base_path), capacity=capacity)
     base = checkpoint.watermark
-    applied = delta_bytes = 0
+    applied = 0
     for of_base, n, path in delta_files(directory):
         if of_base != base:
             continue  # an earlier base's: stale
         if n != applied + 1:
             raise CorruptionError("a checkpoint delta is missing", path=str(path), expected=applied + 1, got=n)
-        data = read(path)
-        apply_delta(checkpoint, data, base=base, path=str(path), capacity=capacity)
+        apply_delta(checkpoint, path.read_bytes(), base=base, path=str(path), capacity=capacity)
         applied += 1
-        delta_bytes += len(data)
-    return checkpoint, base, applied, delta_bytes
+    return checkpoint

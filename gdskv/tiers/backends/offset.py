@@ -288,7 +288,7 @@ class OffsetBackend(StorageBackend):
         applied; its watermark into ``_watermark`` and ``_next_seq``); None when there is
         no usable one, and the data file must be emptied."""
         try:
-            loaded = read_checkpoint(self.dir, capacity=self.capacity, read=Path.read_bytes)
+            checkpoint = read_checkpoint(self.dir, capacity=self.capacity)
         except FormatVersionError:
             raise
         except CorruptionError as exc:
@@ -300,13 +300,12 @@ class OffsetBackend(StorageBackend):
             return None
         except OSError as exc:  # it may be readable later: fail the open, touch nothing
             raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(exc.filename or self.checkpoint_path), errno=exc.errno) from exc
-        if loaded is None:
+        if checkpoint is None:
             # A new store, or one that crashed before its first checkpoint was durable (one
             # is written at open before any write), or a checkpoint deleted from beside its
             # data: the data file cannot be trusted either way.
             self._drop_deltas()
             return None
-        checkpoint = loaded[0]
         if checkpoint.capacity > self.capacity:
             # Records past the new end would be lost, and with them tombstones that keep
             # removed keys from coming back: refuse, and touch nothing.
