@@ -125,6 +125,11 @@ class FilePerKeyBackend(StorageBackend):
         #: Directories a remove, an eviction or a dropped replica deleted a file from and
         #: could not fsync: the next remove() fsyncs them before it returns (lock held).
         self._pending_dir_syncs: Set[Path] = set()
+        #: Files of evicted objects that could not be deleted (EIO, EROFS, an immutable
+        #: file), by key: no longer indexed, but a reopen would find them and bring the key
+        #: back. Each eviction tries them again, a remove() of the key must delete its file
+        #: (or raise), and a new write of the key replaces it (lock held).
+        self._undeleted: Dict[bytes, Path] = {}
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         #: The same for an eviction's directory fsyncs, which a write waits for holding the
@@ -423,6 +428,7 @@ class FilePerKeyBackend(StorageBackend):
         into place at ``finals[i]``, ``sizes[i]`` bytes already counted in ``_used``) and
         cache their descriptors. Lock held, since before the renames."""
         for entry, fd, final in zip(entries, fds, finals):
+            self._undeleted.pop(entry.key, None)  # the rename replaced it
             older = self._objects.get(entry.key)
             if older is not None:  # the rename replaced its file
                 self._used -= record_size(len(older.key), older.value_len)
@@ -501,8 +507,13 @@ class FilePerKeyBackend(StorageBackend):
             victim_dirs.add(path.parent)
             if not in_use and reused < len(reuse_as) and _only_name(path) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
-            else:
-                unlink_quietly(path)
+            elif not _delete(path):
+                log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
+                self._undeleted[key] = path
+        for key, path in list(self._undeleted.items()):  # the ones that could not be deleted before
+            if _delete(path):
+                del self._undeleted[key]
+                victim_dirs.add(path.parent)
         self.counters["objects_evicted"] += len(evicted)
         # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
         # EMFILE (that takes the lock); one that fails is left to the next remove().
@@ -667,11 +678,15 @@ class FilePerKeyBackend(StorageBackend):
         with self._lock:
             self._check_open()
             found = key in self._objects
-            if found:
-                try:
+            try:
+                if found:
                     self._pending_dir_syncs.add(self._unlink(key))
-                except OSError as exc:
-                    raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
+                elif key in self._undeleted:  # evicted, but its file is still there
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self._undeleted[key])
+                    self._pending_dir_syncs.add(self._undeleted.pop(key).parent)
+            except OSError as exc:
+                raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
             pending, self._pending_dir_syncs = self._pending_dir_syncs, set()
         if pending:
             try:
@@ -741,6 +756,7 @@ class FilePerKeyBackend(StorageBackend):
             "open_files_limit": self._open.limit,
             "open_file_hits": self._open.hits,
             "open_file_opens": self._open.opens,
+            "undeleted_files": len(self._undeleted),
         }
 
     def close(self) -> None:
@@ -758,6 +774,17 @@ def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
     concurrent.futures.wait(futures)
     for future in futures:
         future.result()
+
+
+def _delete(path: Path) -> bool:
+    """Unlink ``path``; whether it is gone (a file already gone is)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _only_name(path: Path) -> bool:

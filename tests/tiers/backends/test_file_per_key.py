@@ -1074,3 +1074,66 @@ def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_pat
     remover.join(15)
     assert not writer.is_alive() and not remover.is_alive()
     backend.close()
+
+
+@contextlib.contextmanager
+def immutable(path):
+    """``chattr +i`` on ``path`` for the body (no unlink, no rename); skips where refused."""
+    import subprocess
+
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {done.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("then", ["remove", "evict again"])
+def test_an_evicted_file_that_cannot_be_deleted_never_comes_back(tmp_path, direct_psync, then):
+    """An eviction that cannot delete its victim's file (here an immutable one: no unlink,
+    no rename) remembers it. A remove() of the key deletes it (or raises while it cannot),
+    and every later eviction tries again. Before, it was forgotten: remove() returned False
+    at once, and the next open brought the removed key back."""
+    backend = open_backend(tmp_path, direct_psync, capacity=MiB)
+    backend.write(items({b"stuck": block(1, 100_000)}))
+    path = backend.path_of(b"stuck")
+    with immutable(path):
+        for i in range(10):  # ~1 MiB more: "stuck", the oldest, is evicted
+            backend.write(items({f"f{i}".encode(): block(10 + i, 100_000)}))
+        assert b"stuck" not in backend.keys() and path.exists()
+        assert backend.layout_stats()["undeleted_files"] == 1
+        with pytest.raises(IoError):
+            backend.remove(b"stuck")
+    if then == "remove":
+        assert not backend.remove(b"stuck")  # it was not stored; its file is gone now
+    else:
+        backend.write(items({b"more": block(99, 100_000)}))  # evicts again: tries it again
+    assert not path.exists() and backend.layout_stats()["undeleted_files"] == 0
+    backend.close()
+    again = open_backend(tmp_path, direct_psync, capacity=MiB)
+    assert b"stuck" not in again.keys()
+    again.close()
+
+
+def test_a_new_write_of_a_key_whose_old_file_could_not_be_deleted_replaces_it(tmp_path, direct_psync):
+    """The key is written again (into room a remove made: no eviction, so no retry of the
+    old file) and its rename replaces the old file: the file now at that path is the new
+    value's, which a later eviction must not delete as the old one."""
+    backend = open_backend(tmp_path, direct_psync, capacity=MiB)
+    backend.write(items({b"stuck": block(1, 100_000)}))
+    path = backend.path_of(b"stuck")
+    with immutable(path):
+        for i in range(10):
+            backend.write(items({f"f{i}".encode(): block(10 + i, 100_000)}))
+        assert backend.layout_stats()["undeleted_files"] == 1
+    assert backend.remove(b"f9")
+    assert backend.write(items({b"stuck": block(2, 100_000)})) == []  # renamed over the old file
+    assert backend.layout_stats()["undeleted_files"] == 0
+    assert backend.write(items({b"g": block(3, 100_000)}))  # an eviction: retries what is left
+    assert path.exists() and read(backend, b"stuck", 100_000) == block(2, 100_000)
+    backend.close()
+    again = open_backend(tmp_path, direct_psync, capacity=MiB)
+    assert read(again, b"stuck", 100_000) == block(2, 100_000)
+    again.close()
