@@ -310,14 +310,12 @@ class Store(OffloadMixin, HbmStoreMixin):
                 "value larger than the NVMe tier", key=k[:64], size=size, capacity=self.config.ssd_bytes
             )
 
-    def _settle_existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> bool:
-        """:meth:`_existing`, removing an old value to be replaced at once (for device puts:
-        their value goes to the HBM tier, with no DRAM room to reserve first). True: nothing
-        more to do (the same bytes are stored)."""
+    def _settle_existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> Tuple[bool, bool]:
+        """:meth:`_existing` for device puts: ``(same, replace)``. ``same``: these bytes are
+        stored, nothing more to do. ``replace``: an old value is to go, which the device put
+        removes (:meth:`_remove_locked`) once its value has room in HBM."""
         existing = self._existing(k, size, crc, overwrite)
-        if existing is _REPLACE:
-            self._remove_locked(k)
-        return existing is _SAME
+        return existing is _SAME, existing is _REPLACE
 
     def _existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> str:
         """What a put of ``key`` finds (lock held): :data:`_ABSENT`, :data:`_SAME` (these

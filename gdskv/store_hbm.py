@@ -9,7 +9,9 @@ With ``hbm_bytes > 0`` (``gdskv.open(path, hbm="8GiB")``) the store owns one dev
   made. Host values go to DRAM as before. The rules for an existing key are the store's
   (same bytes: no-op; different bytes: ``KeyExistsError`` unless ``overwrite``); checking
   "same bytes" of a device value against a stored one copies it to the host, which happens
-  only when the key already exists and ``overwrite`` is not given.
+  only when the key already exists and ``overwrite`` is not given. An overwrite removes the
+  old copies once HBM has room for the new value: one that raises ``NoSpaceError`` leaves
+  them as they were.
 - ``get_into`` / ``batch_get_into`` look in HBM first: a hit is copied device-to-device into
   a device ``out`` (one batched copy for a batch), or device-to-host into a host ``out``. A
   device ``out`` missing in HBM is filled from DRAM (host-to-device copy) or NVMe (read and
@@ -95,13 +97,21 @@ class HbmStoreMixin:
             raise InvalidValueError("value larger than the HBM tier", key=k[:64], size=size, capacity=hbm.capacity)
         with self._lock:
             self._check_accepting()
-            if self._settle_existing(k, size, lambda: checksum(k, hbm.pool.download(value)), overwrite):
+            same, replacing = self._settle_existing(k, size, lambda: checksum(k, hbm.pool.download(value)), overwrite)
+            if same:
                 return
             self._putting += 1
             self._device_puts[k] = threading.get_ident()  # other puts and removes of k wait for this one
+
+        def replace() -> None:
+            # Only once the new value has room do the old copies go: an overwrite that
+            # fails for want of HBM room leaves them as they were (as a host put does).
+            with self._lock:
+                self._remove_locked(k)
+
         try:
             t0 = time.perf_counter()
-            hbm.put(k, value)
+            hbm.put(k, value, on_room=replace if replacing else None)
             elapsed = time.perf_counter() - t0
         finally:
             self._device_puts.pop(k, None)  # (atomic: done even if an interrupt lands in the wait for the lock)

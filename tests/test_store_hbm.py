@@ -597,3 +597,28 @@ def test_comparing_a_put_with_an_hbm_value_is_not_a_read_of_it(hbm_store):
     evicted = {key for key, tier, _, _ in store.inventory() if tier is gdskv.Tier.DRAM}
     assert evicted == {b"old"}
     assert store.get("old") == block(1, 16 * KiB)
+
+
+@pytest.mark.parametrize("old_in", ["hbm", "dram"])
+def test_a_device_overwrite_that_finds_no_room_leaves_the_old_value(hbm_store, old_in, monkeypatch):
+    """A device put with overwrite=True that cannot get room in HBM (nothing can be evicted:
+    the DRAM sink refuses) raises NoSpaceError and leaves the key's old value where it was,
+    as a host put does. Before, the old copies went first and the key was lost."""
+    from gdskv.errors import NoSpaceError
+
+    store = hbm_store(hbm=16 * KiB, put_timeout_s=0.1)
+    old = dev(1, 8 * KiB) if old_in == "hbm" else block(1, 8 * KiB)
+    store.put("k", old)
+    store.put("other", dev(2, 8 * KiB))
+    if old_in == "dram":
+        store.put("third", dev(3, 8 * KiB))  # HBM full: "other" and "third"
+    sink = store._hbm.sink  # noqa: SLF001
+    monkeypatch.setattr(sink, "reserve", lambda key, size: None)  # the sink refuses: nothing can leave HBM
+    with pytest.raises(NoSpaceError):
+        store.put("k", dev(9, 12 * KiB), overwrite=True)
+    assert store.get("k") == block(1, 8 * KiB)
+    if old_in == "hbm":
+        assert read_dev(store, "k", 8 * KiB) == block(1, 8 * KiB)
+    monkeypatch.undo()  # (close drains HBM into DRAM)
+    store.put("k", dev(9, 12 * KiB), overwrite=True)
+    assert store.get("k") == block(9, 12 * KiB)

@@ -161,15 +161,21 @@ class HbmTier:
 
     # -- public API --------------------------------------------------------------
 
-    def put(self, key: bytes, value: Any, *, evict: bool = True, keep: Optional[Callable[[], bool]] = None) -> bool:
+    def put(
+        self, key: bytes, value: Any, *, evict: bool = True, keep: Optional[Callable[[], bool]] = None,
+        on_room: Optional[Callable[[], None]] = None,
+    ) -> bool:
         """Store ``value`` (a device array of the pool's kind, or a host buffer) under
         ``key``, replacing an older value; return True. Evicts into the sink to make room;
         raises NoSpaceError when no room appears in ``put_timeout_s``, GdskvError for a
-        value larger than the pool. With ``evict=False`` (a promotion) nothing is evicted
-        and nothing replaced: a value that does not fit in the free space, or whose key has
-        a value here by the time it would be registered, is not stored, and the call
-        returns False. ``keep``: asked with the lock held just before the value is
-        registered; False drops it (returns False)."""
+        value larger than the pool. An older value of the key stays until room for the new
+        one is found: a put that raises NoSpaceError leaves it as it was. ``on_room``:
+        called (the lock not held) once the room is reserved, before the bytes are copied
+        in; if it raises, the room goes back and the put raises. With ``evict=False`` (a
+        promotion) nothing is evicted and nothing replaced: a value that does not fit in
+        the free space, or whose key has a value here by the time it would be registered,
+        is not stored, and the call returns False. ``keep``: asked with the lock held just
+        before the value is registered; False drops it (returns False)."""
         size = self.pool.size_of(value)
         if size <= 0 or size > self.capacity:
             raise GdskvError("value does not fit in the HBM tier", key=key, size=size, capacity=self.capacity)
@@ -177,6 +183,8 @@ class HbmTier:
         if entry is None:
             return False
         try:
+            if on_room is not None:
+                on_room()
             self.pool.write(entry.offset, value)
         except BaseException:
             with self._lock:
@@ -385,8 +393,6 @@ class HbmTier:
                 old = self.entries.get(key)
                 if old is not None and not evict:
                     return None  # a promotion never replaces a value
-                if old is not None:
-                    self._detach(old)
                 offset = self.allocator.allocate(size)
                 if offset is None and not evict:
                     return None  # an older value stays as it was

@@ -318,3 +318,33 @@ def test_a_keep_check_that_raises_gives_the_reserved_space_back():
         tier.put(b"k", np.zeros(16 * 1024, np.uint8), evict=False, keep=keep)
     assert b"k" not in tier.entries and tier.used == 0
     assert tier.put(b"k", np.zeros(64 * 1024, np.uint8), evict=False)  # all of it
+
+
+def test_an_overwrite_that_finds_no_room_keeps_the_old_value():
+    """The old value of the key stays until the new one has room: a put that raises
+    NoSpaceError leaves it readable (before, it was detached first and lost)."""
+    sink = DictSink()
+    sink.refuse = True
+    tier = HbmTier(HostStandInPool(16 * KB), sink, put_timeout_s=0.05)
+    tier.put(b"a", arr(1, 8 * KB))
+    tier.put(b"b", arr(2, 8 * KB))
+    with pytest.raises(NoSpaceError):
+        tier.put(b"a", arr(3, 12 * KB))
+    assert read(tier, b"a", 8 * KB) == block(1, 8 * KB)
+    assert tier.used == 16 * KB
+    tier.close()
+
+
+def test_on_room_runs_once_room_is_reserved_and_a_raise_gives_it_back():
+    tier = HbmTier(HostStandInPool(16 * KB), DictSink())
+    seen = []
+    tier.put(b"a", arr(1, 8 * KB), on_room=lambda: seen.append(tier.used))
+    assert seen == [8 * KB] and read(tier, b"a", 8 * KB) == block(1, 8 * KB)
+
+    def refuse():
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        tier.put(b"b", arr(2, 8 * KB), on_room=refuse)
+    assert read(tier, b"b", 8 * KB) is None and tier.used == 8 * KB
+    tier.close()
