@@ -107,7 +107,8 @@ class HbmStoreMixin:
             # Only once the new value has room do the old copies go: an overwrite that
             # fails for want of HBM room leaves them as they were (as a host put does).
             with self._lock:
-                self._remove_locked(k)
+                if not self._remove_locked(k):  # the old value was in HBM: the tier let it go
+                    self._counters.add("removes")
 
         try:
             t0 = time.perf_counter()

@@ -622,3 +622,26 @@ def test_a_device_overwrite_that_finds_no_room_leaves_the_old_value(hbm_store, o
     monkeypatch.undo()  # (close drains HBM into DRAM)
     store.put("k", dev(9, 12 * KiB), overwrite=True)
     assert store.get("k") == block(9, 12 * KiB)
+
+
+def test_a_device_overwrite_evicts_neither_its_old_value_nor_another_object(hbm_store):
+    """HBM is full; a same-size overwrite of "k" takes the old value's room: nothing is
+    copied down to DRAM (no listener hears of the old value being stored), "other" stays,
+    and the replaced value counts as a remove, as with a host overwrite."""
+    from gdskv.store import StoreListener
+
+    store = hbm_store(hbm=16 * KiB)
+    store.put("other", dev(2, 8 * KiB))
+    store.put("k", dev(1, 8 * KiB))
+    heard = []
+
+    class Heard(StoreListener):
+        def on_stored(self, tier, items):
+            heard.extend((tier, key) for key, _, _ in items)
+
+    store.add_listener(Heard())
+    store.put("k", dev(9, 8 * KiB), overwrite=True)
+    assert read_dev(store, "k", 8 * KiB) == block(9, 8 * KiB)
+    assert read_dev(store, "other", 8 * KiB) == block(2, 8 * KiB)
+    assert heard == [] and store.stats()["hbm"]["evictions"] == 0
+    assert store.stats()["removes"] == 1

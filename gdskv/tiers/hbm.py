@@ -396,13 +396,15 @@ class HbmTier:
                 offset = self.allocator.allocate(size)
                 if offset is None and not evict:
                     return None  # an older value stays as it was
+                if offset is None and old is not None:
+                    offset = self._allocate_over(old, size)
                 if offset is not None:
                     if old is not None:
                         self._detach(old)
                     entry = HbmEntry(key, offset, size)
                     entry.readers = 1  # the writer; invisible until put() registers it
                     return entry
-                self._start_evictions(size - self.allocator.largest_free)
+                self._start_evictions(size - self.allocator.largest_free, spare=key)
                 waiting = self._evicting[0] if self._evicting else None
             left = deadline - time.monotonic()
             if left <= 0:
@@ -414,11 +416,33 @@ class HbmTier:
             else:
                 waiting.copy.wait(left)
 
-    def _start_evictions(self, nbytes: int) -> int:
+    def _allocate_over(self, old: HbmEntry, size: int) -> Optional[int]:
+        """Room for a new value of ``old``'s key that may take ``old``'s own extent, when
+        nothing else fits and no read or eviction holds ``old``: its extent is freed and the
+        allocation tried; if the new value still does not fit, the extent is taken back as
+        it was. Returns the offset (``old``'s extent no longer its own: the caller detaches
+        it), or None with ``old`` untouched."""
+        if old.readers or old.state is not HbmState.RESIDENT or old.offset < 0:
+            return None
+        start, extent = old.offset, self.allocator.size_of(old.offset)
+        self.allocator.free(start)
+        offset = self.allocator.allocate(size)
+        if offset is None:
+            self.allocator.claim(start, extent)
+            return None
+        old.offset = -1  # freed above: detaching it frees nothing more
+        return offset
+
+    def _start_evictions(self, nbytes: int, *, spare: Optional[bytes] = None) -> int:
+        """Start evicting the coldest objects into the sink, about ``nbytes`` of them; never
+        ``spare`` (the key a put is making room for: its old value goes when the new one
+        has room, see :meth:`_allocate_over`)."""
         started = 0
         for key in self.policy.victims():
             if started >= nbytes:
                 break
+            if key == spare:
+                continue
             entry = self.entries[key]
             host = self.sink.reserve(key, entry.size)
             if host is None:

@@ -348,3 +348,22 @@ def test_on_room_runs_once_room_is_reserved_and_a_raise_gives_it_back():
         tier.put(b"b", arr(2, 8 * KB), on_room=refuse)
     assert read(tier, b"b", 8 * KB) is None and tier.used == 8 * KB
     tier.close()
+
+
+@pytest.mark.parametrize("sizes", [(8 * KB, 8 * KB), (16 * KB, 16 * KB), (8 * KB, 4 * KB)], ids=["beside another", "alone", "smaller"])
+def test_an_overwrite_in_a_full_pool_takes_the_old_values_room(sizes):
+    """Nothing can leave HBM (the sink refuses), yet a new value of a key fits in its old
+    value's room: it takes it, and no other object is evicted for it."""
+    old_size, new_size = sizes
+    sink = DictSink()
+    sink.refuse = True
+    tier = HbmTier(HostStandInPool(16 * KB), sink, put_timeout_s=0.05)
+    tier.put(b"a", arr(1, old_size))
+    if old_size < 16 * KB:
+        tier.put(b"b", arr(2, 16 * KB - old_size))
+    assert tier.put(b"a", arr(3, new_size))
+    assert read(tier, b"a", new_size) == block(3, new_size)
+    if old_size < 16 * KB:
+        assert read(tier, b"b", 16 * KB - old_size) == block(2, 16 * KB - old_size)
+    assert tier.stats()["evictions"] == 0 and tier.used == tier.allocator.rounded(new_size) + 16 * KB - old_size
+    tier.close()
