@@ -330,6 +330,36 @@ def test_cuda_store_put_get_evict_and_reopen(tmp_path):
             assert torch.equal(out, v), i
 
 
+@pytest.mark.gpu
+def test_cuda_device_overwrites_in_a_full_pool(tmp_path):
+    """On the CUDA pool: a same-size overwrite in a full HBM takes the old value's room
+    (nothing is evicted), and one that cannot get room leaves the old value."""
+    torch = pytest.importorskip("torch")
+    from gdskv.errors import NoSpaceError
+
+    MiB = 1 << 20
+    first, second, new = (torch.randint(0, 255, (2 * MiB,), dtype=torch.uint8, device="cuda") for _ in range(3))
+    with gdskv.open(tmp_path / "s", dram="16MiB", ssd="64MiB", hbm="4MiB", put_timeout_s=0.2) as store:
+        store.put("a", first)
+        store.put("b", second)  # HBM full
+        store.put("a", new, overwrite=True)
+        out = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+        assert store.get_into("a", out) == 2 * MiB
+        torch.cuda.synchronize()
+        assert torch.equal(out, new) and store.stats()["hbm"]["evictions"] == 0
+        sink = store._hbm.sink  # noqa: SLF001
+        real = sink.reserve
+        sink.reserve = lambda key, size: None  # nothing can leave HBM now
+        try:
+            with pytest.raises(NoSpaceError):
+                store.put("b", torch.zeros(3 * MiB, dtype=torch.uint8, device="cuda"), overwrite=True)
+        finally:
+            sink.reserve = real
+        assert store.get_into("b", out) == 2 * MiB
+        torch.cuda.synchronize()
+        assert torch.equal(out, second)
+
+
 @pytest.mark.parametrize("overwrite", [False, True], ids=["no overwrite", "overwrite"])
 def test_a_host_put_of_a_key_waits_for_its_device_put_in_flight(hbm_store, overwrite):
     """A host put of a key whose device put is copying into HBM (outside the store's lock)
