@@ -239,12 +239,12 @@ class Store(OffloadMixin, HbmStoreMixin):
             self._dram.write(entry, view)
             elapsed = time.perf_counter() - t0
         except BaseException:
-            with self._lock:
+            with self._lock_through_interrupts():
                 self._dram.written(entry)
                 self._dram.detach(entry)
                 self._put_done()
             raise
-        with self._lock:
+        with self._lock_through_interrupts():
             self._dram.written(entry)
             self._put_done()
             self._counters.add("puts")
@@ -475,7 +475,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         try:
             return self._read_tiers(ks, outs, hbm_looked)
         finally:
-            with self._lock:
+            with self._lock_through_interrupts():
                 self._reading -= 1
                 if self._idle_waiter and not self._reading:
                     self._cond.notify_all()
@@ -517,7 +517,7 @@ class Store(OffloadMixin, HbmStoreMixin):
             for copy in copies:
                 copy.wait()
             elapsed = time.perf_counter() - t0
-            with self._lock:
+            with self._lock_through_interrupts():  # (a pin left behind would keep the entry for good)
                 for _, entry in dram_hits:
                     entry.readers -= 1
                     self._dram.release(entry)
@@ -900,6 +900,30 @@ class Store(OffloadMixin, HbmStoreMixin):
             finally:
                 self._copy_waiters -= 1
             check()
+
+    @contextlib.contextmanager
+    def _lock_through_interrupts(self) -> Iterator[None]:
+        """The store lock, for the bookkeeping that ends a put or a read (counts, pins) and
+        must not be skipped. An exception raised while this thread waits for the lock (a signal
+        handler's: Ctrl-C's ``KeyboardInterrupt`` in the main thread) is raised once the
+        body has run, not instead of it: a put left counted as in progress made ``close()``
+        wait for ever, and a put of the same bytes wait for its copy. The caller must not
+        hold the lock already."""
+        deferred: Optional[BaseException] = None
+        while True:
+            try:
+                self._lock.acquire()
+            except BaseException as exc:  # noqa: BLE001 - raised below, once the body has run
+                deferred = deferred or exc
+                if not self._lock._is_owned():  # it came while waiting: wait again
+                    continue
+            break
+        try:
+            yield
+        finally:
+            self._lock.release()
+        if deferred is not None:
+            raise deferred
 
     def _put_done(self) -> None:
         """A put's copy is over (lock held): wake whoever waits for it."""

@@ -115,8 +115,8 @@ class HbmStoreMixin:
             hbm.put(k, value, on_room=replace if replacing else None)
             elapsed = time.perf_counter() - t0
         finally:
-            self._device_puts.pop(k, None)  # (atomic: done even if an interrupt lands in the wait for the lock)
-            with self._lock:
+            self._device_puts.pop(k, None)  # (atomic: done even if an interrupt lands before the lock)
+            with self._lock_through_interrupts():
                 self._put_done()
         with self._lock:
             self._counters.add("puts")

@@ -407,3 +407,78 @@ def test_a_write_that_evicts_and_then_fails_leaves_the_evicted_copies_unbacked(t
         faulty.clear()
     finally:
         store.close()
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises here, as Ctrl-C's KeyboardInterrupt would."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted()
+
+
+@pytest.mark.parametrize("path", ["host put", "read"])
+def test_an_interrupt_while_waiting_to_finish_a_put_or_read_skips_no_bookkeeping(tmp_path, path):
+    """A real SIGALRM whose handler raises lands while the main thread waits for the store
+    lock (another thread holds it) to end a put or a read. The bookkeeping still runs, and
+    the exception comes after it. Before, it was skipped: the put or read stayed counted as
+    in progress, and close() waited for ever."""
+    import signal
+    import threading
+
+    store = gdskv.open(tmp_path / "s", dram="4MiB", ssd="64MiB")  # closed below, where a hang shows
+    if path == "read":
+        store.put("k", block(1, 4096))
+    release = threading.Event()
+
+    def hold_the_lock_then_alarm() -> None:
+        held = threading.Event()
+
+        def holder() -> None:
+            with store._lock:  # noqa: SLF001
+                held.set()
+                release.wait(10)
+
+        threading.Thread(target=holder, daemon=True).start()
+        assert held.wait(10)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # lands while the main thread waits
+        threading.Timer(0.6, release.set).start()
+
+    tier = store._dram  # noqa: SLF001
+    if path == "host put":
+        real = tier.write
+
+        def write(entry, view):
+            real(entry, view)
+            hold_the_lock_then_alarm()
+
+        tier.write = write
+    else:
+        real = tier.read_into
+
+        def read_into(entry, out):
+            real(entry, out)
+            hold_the_lock_then_alarm()
+
+        tier.read_into = read_into
+    previous = signal.signal(signal.SIGALRM, _raise_interrupted)
+    try:
+        with pytest.raises(Interrupted):
+            if path == "host put":
+                store.put("k", block(1, 4096))
+            else:
+                store.get("k")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+    if path == "host put":
+        del tier.write
+    else:
+        del tier.read_into
+    assert store._dram.lookup(b"k").readers == 0  # noqa: SLF001  (no pin left on the entry)
+    assert store.get("k") == block(1, 4096)  # the put committed before the exception came
+    closer = threading.Thread(target=store.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive(), "close() waits for a put or read left counted as in progress"
