@@ -907,8 +907,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         must not be skipped. An exception raised while this thread waits for the lock (a signal
         handler's: Ctrl-C's ``KeyboardInterrupt`` in the main thread) is raised once the
         body has run, not instead of it: a put left counted as in progress made ``close()``
-        wait for ever, and a put of the same bytes wait for its copy. The caller must not
-        hold the lock already."""
+        wait for ever, and a put of the same bytes wait for its copy. So a Ctrl-C does not
+        cut this wait short; the lock is only ever held briefly (the store's I/O runs
+        outside it, but for a remove's). The caller must not hold the lock already."""
         deferred: Optional[BaseException] = None
         while True:
             try:
