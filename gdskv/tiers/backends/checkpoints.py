@@ -38,7 +38,7 @@ import crc32c as _crc
 
 from gdskv.errors import CorruptionError, FormatVersionError
 from gdskv.tiers.backends.files import TMP_SUFFIX
-from gdskv.tiers.backends.record import FORMAT_VERSION, IndexEntry, decode_index, encode_index
+from gdskv.tiers.backends.record import FORMAT_VERSION, IndexEntry, decode_index, encode_index, encode_keys
 from gdskv.tiers.backends.window import WINDOW_KEY
 
 BASE_FILE = "checkpoint"
@@ -82,7 +82,7 @@ def encode_delta(
     """A delta of the base whose watermark is ``base``: ``added`` objects (new or replacing
     the key's entry), keys ``gone``, and the new ``window`` and ``watermark``."""
     first = encode_index(watermark, capacity, list(added) + _window_entries(window))
-    second = encode_index(base, 0, [IndexEntry(key, 0, 0, 0, 0) for key in gone])
+    second = encode_keys(base, gone)
     head = DELTA_HEADER.pack(DELTA_MAGIC, FORMAT_VERSION, 0, base, len(first), 0)[:-4]
     return head + struct.pack("<I", _crc.crc32c(head)) + first + second
 

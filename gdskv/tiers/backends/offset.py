@@ -493,13 +493,14 @@ class OffsetBackend(StorageBackend):
         """The first objects in policy order whose eviction frees ``need`` bytes (or all of
         them); a pinned one frees nothing now but goes too. ``_lock`` held."""
         victims: List[bytes] = []
+        objects, pins, size_of = self._objects, self._pins, self._alloc.size_of  # (per object)
         for key in self._policy.ordered():
             if need <= 0:
                 break
             victims.append(key)
-            offset = _record_start(self._objects[key])
-            if not self._pins.get(offset):
-                need -= self._alloc.size_of(offset)
+            offset = _record_start(objects[key])
+            if not pins or not pins.get(offset):
+                need -= size_of(offset)
         return victims
 
     def _evict(self, keys: List[bytes], evicted: List[bytes]) -> None:
@@ -511,16 +512,18 @@ class OffsetBackend(StorageBackend):
             return
         if self.evict_listener is not None:
             self.evict_listener(list(keys))
+        objects, changed, dropped, drops, pins = self._objects, self._changed, self._dropped, self._drops, self._pins
+        forget, free = self._policy.remove, self._alloc.free  # (per object: a window can evict thousands)
         for key in keys:
-            entry = self._objects.pop(key)
-            self._changed[key] = None
-            self._dropped[key] = next(self._drops)
-            self._policy.remove(key)
+            entry = objects.pop(key)
+            changed[key] = None
+            dropped[key] = next(drops)
+            forget(key)
             offset = _record_start(entry)
-            if self._pins.get(offset):
+            if pins and pins.get(offset):
                 self._deferred.append(offset)
             else:
-                self._alloc.free(offset)
+                free(offset)
         evicted.extend(keys)
         self.counters["objects_evicted"] += len(keys)
 
@@ -741,4 +744,6 @@ class OffsetBackend(StorageBackend):
 
 
 def _record_start(entry: IndexEntry) -> int:
-    return entry.value_offset - head_size(len(entry.key))
+    """Where the record of ``entry`` starts: its value's offset less the header block
+    (:func:`record.head_size`, computed inline: this runs per object evicted)."""
+    return entry.value_offset - (RECORD_HEADER.size + len(entry.key) + ALIGN - 1) // ALIGN * ALIGN

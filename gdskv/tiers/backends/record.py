@@ -203,12 +203,29 @@ class IndexEntry:
 def encode_index(bucket_id: int, data_len: int, entries: Iterable[IndexEntry]) -> bytes:
     """Serialise a bucket index (header + entries), checksummed."""
     parts = []
-    count = 0
+    pack = INDEX_ENTRY.pack
     for e in entries:
-        parts.append(INDEX_ENTRY.pack(e.value_offset, e.value_len, e.seq, e.crc, len(e.key)))
+        parts.append(pack(e.value_offset, e.value_len, e.seq, e.crc, len(e.key)))
         parts.append(e.key)
-        count += 1
-    body = b"".join(parts)
+    return _index_bytes(bucket_id, data_len, len(parts) // 2, b"".join(parts))
+
+
+def encode_keys(bucket_id: int, keys: Iterable[bytes]) -> bytes:
+    """An index of keys alone: what :func:`encode_index` writes for entries whose other
+    fields are all 0, without making those entries (a checkpoint delta lists thousands of
+    keys gone)."""
+    parts = []
+    heads: dict = {}  # key length -> its packed entry
+    for key in keys:
+        head = heads.get(len(key))
+        if head is None:
+            head = heads[len(key)] = INDEX_ENTRY.pack(0, 0, 0, 0, len(key))
+        parts.append(head)
+        parts.append(key)
+    return _index_bytes(bucket_id, 0, len(parts) // 2, b"".join(parts))
+
+
+def _index_bytes(bucket_id: int, data_len: int, count: int, body: bytes) -> bytes:
     fields = (INDEX_MAGIC, FORMAT_VERSION, 0, bucket_id, count, data_len, _crc.crc32c(body))
     head = struct.pack("<4sHHQIQI", *fields)
     return head + struct.pack("<I", _crc.crc32c(head)) + body

@@ -381,3 +381,14 @@ def test_a_delta_applies_its_changes_and_a_newer_format_is_refused():
     struct.pack_into("<I", raw, DELTA_HEADER.size - 4, crc32c.crc32c(bytes(raw[: DELTA_HEADER.size - 4])))
     with pytest.raises(FormatVersionError):
         apply_delta(Checkpoint(5, 1 << 20, {}, []), bytes(raw), base=5, path="delta", capacity=1 << 20)
+
+
+def test_a_delta_lists_its_keys_gone_as_an_index_of_keys_alone():
+    """encode_keys writes what encode_index writes for entries whose fields are all 0 (the
+    delta's second index), keys of every length, none at all too."""
+    from gdskv.tiers.backends.record import decode_index, encode_index, encode_keys
+
+    for keys in ([], [b"a"], [b"a", b"bb", b"a" * 300, b"ccc", b"bb"]):
+        raw = encode_keys(7, keys)
+        assert raw == encode_index(7, 0, [IndexEntry(key, 0, 0, 0, 0) for key in keys])
+        assert [entry.key for entry in decode_index(raw)[2]] == keys
