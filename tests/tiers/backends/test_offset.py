@@ -38,6 +38,22 @@ def crash(backend: OffsetBackend) -> None:
     backend._closed = True  # noqa: SLF001
 
 
+def take_checkpoint(backend: OffsetBackend) -> None:
+    with backend._wlock:  # noqa: SLF001
+        backend._checkpoint([])  # noqa: SLF001
+
+
+def holds_after_crash(backend: OffsetBackend, root, direct_psync, expected: "Spec", **kw) -> None:
+    """Drop ``backend`` as a killed process would, reopen ``root`` (``kw`` as for
+    :func:`open_backend`) and check that it holds exactly ``expected``."""
+    crash(backend)
+    again = open_backend(root, direct_psync, **kw)
+    try:
+        verify_holds(again, expected)
+    finally:
+        again.close()
+
+
 def test_the_file_is_preallocated(tmp_path, direct_psync):
     backend = open_backend(tmp_path, direct_psync)
     st = os.stat(backend.data_path)
@@ -563,10 +579,7 @@ def test_a_removed_key_whose_replica_a_failed_read_dropped_stays_removed(tmp_pat
     engine.inject("eio", op=IoOp.READ, times=1)
     assert read(backend, b"K", 5000) is None and backend.lookup(b"K") is None  # dropped
     assert backend.remove(b"K")
-    crash(backend)
-    again = open_backend(tmp_path, direct_psync)
-    verify_holds(again, {"A": (2, 5000)})
-    again.close()
+    holds_after_crash(backend, tmp_path, direct_psync, {"A": (2, 5000)})
 
 
 def test_a_torn_tombstone_never_removes_another_key(tmp_path, direct_psync):
@@ -640,13 +653,9 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
         return real(path, data, **kwargs)
 
     monkeypatch.setattr(offset_module, "write_file_atomic", writing_checkpoint)
-    with backend._wlock:  # noqa: SLF001
-        backend._checkpoint([])  # noqa: SLF001  (lists K)
+    take_checkpoint(backend)  # (lists K)
     assert backend.lookup(b"K") is None and backend.remove(b"K")
-    crash(backend)
-    again = open_backend(tmp_path, direct_psync)
-    verify_holds(again, {"A": (2, 5000)})
-    again.close()
+    holds_after_crash(backend, tmp_path, direct_psync, {"A": (2, 5000)})
 
 
 def test_check_after_close_is_a_store_closed_error(tmp_path, direct_psync):

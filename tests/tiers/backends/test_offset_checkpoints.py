@@ -27,7 +27,7 @@ from gdskv.tiers.backends.checkpoints import (
 from gdskv.tiers.backends.offset import OffsetBackend
 from gdskv.tiers.backends.record import IndexEntry, head_size
 from offset_child import value_of
-from test_offset import MiB, crash, open_backend, verify_holds
+from test_offset import MiB, crash, holds_after_crash, open_backend, take_checkpoint, verify_holds
 
 KiB = 1 << 10
 
@@ -44,11 +44,6 @@ def fill(backend, prefix: str, count: int, size: int = 8 * KiB, seed: int = 0) -
         backend.write(items({key.encode(): value_of(seed + i, size)}))
         spec[key] = (seed + i, size)
     return spec
-
-
-def take_checkpoint(backend) -> None:
-    with backend._wlock:  # noqa: SLF001
-        backend._checkpoint([])  # noqa: SLF001
 
 
 def test_a_checkpoint_after_the_first_lists_only_what_changed(tmp_path, direct_psync):
@@ -90,10 +85,7 @@ def test_evictions_overwrites_and_removals_survive_through_deltas(tmp_path, dire
             round_, i = name[1:].split("-")
             expected[name] = (int(round_) * 100 + int(i), 20 * KiB)
     assert "r5-39" not in expected and "r0-0" not in expected  # removed; evicted
-    crash(backend)
-    again = open_backend(tmp_path, direct_psync, **kw)
-    verify_holds(again, expected)
-    again.close()
+    holds_after_crash(backend, tmp_path, direct_psync, expected, **kw)
 
 
 def test_deltas_are_folded_into_a_new_base(tmp_path, direct_psync, monkeypatch):
@@ -107,10 +99,7 @@ def test_deltas_are_folded_into_a_new_base(tmp_path, direct_psync, monkeypatch):
     spec.update(fill(backend, "last", 1, seed=99))
     take_checkpoint(backend)  # the fourth: a base, and the deltas go
     assert deltas(tmp_path) == [] and backend.layout_stats()["checkpoint_deltas"] == 0
-    crash(backend)
-    again = open_backend(tmp_path, direct_psync)
-    verify_holds(again, spec)
-    again.close()
+    holds_after_crash(backend, tmp_path, direct_psync, spec)
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete the first", "truncate"])
@@ -228,10 +217,7 @@ def test_a_checkpoint_cut_short_keeps_its_changes_for_the_next(tmp_path, direct_
         take_checkpoint(backend)
     backend.write(items({b"c": value_of(3, 5000)}))
     take_checkpoint(backend)
-    crash(backend)
-    again = open_backend(tmp_path, direct_psync)
-    verify_holds(again, {"b": (2, 5000), "c": (3, 5000)})
-    again.close()
+    holds_after_crash(backend, tmp_path, direct_psync, {"b": (2, 5000), "c": (3, 5000)})
 
 
 def test_deltas_of_an_earlier_base_are_never_applied(tmp_path, direct_psync):
@@ -282,10 +268,7 @@ def test_a_base_that_may_have_landed_is_followed_by_a_base(tmp_path, direct_psyn
         take_checkpoint(backend)  # a base: on disk, but reported failed
     assert backend.remove(b"a")
     take_checkpoint(backend)  # must be a base: a delta of the old base would be stale
-    crash(backend)
-    again = open_backend(tmp_path, direct_psync)
-    verify_holds(again, {"b": (2, 5000)})
-    again.close()
+    holds_after_crash(backend, tmp_path, direct_psync, {"b": (2, 5000)})
 
 
 def test_temporary_checkpoint_files_are_deleted_at_open_and_nothing_else(tmp_path, direct_psync):
