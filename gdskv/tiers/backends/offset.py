@@ -61,6 +61,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -156,6 +157,7 @@ class OffsetBackend(StorageBackend):
             "objects_evicted": 0,
             "checkpoints": 0,
             "checkpoint_bytes": 0,
+            "checkpoint_seconds": 0.0,
             "tombstones": 0,
             "corrupt_reads": 0,
             "read_errors": 0,
@@ -296,7 +298,7 @@ class OffsetBackend(StorageBackend):
             # empty rather than bring back what was removed.
             log.warning("gdskv: damaged checkpoint, dropping every object of %s: %s", self.dir, exc)
             report.dropped_corrupt += 1
-            self._drop_deltas()
+            self._drop_unusable_checkpoint()
             return None
         except OSError as exc:  # it may be readable later: fail the open, touch nothing
             raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(exc.filename or self.checkpoint_path), errno=exc.errno) from exc
@@ -304,7 +306,7 @@ class OffsetBackend(StorageBackend):
             # A new store, or one that crashed before its first checkpoint was durable (one
             # is written at open before any write), or a checkpoint deleted from beside its
             # data: the data file cannot be trusted either way.
-            self._drop_deltas()
+            self._drop_unusable_checkpoint()
             return None
         if checkpoint.capacity > self.capacity:
             # Records past the new end would be lost, and with them tombstones that keep
@@ -317,12 +319,13 @@ class OffsetBackend(StorageBackend):
         self._next_seq = max(checkpoint.watermark, checkpoint.newest) + 1
         return checkpoint.objects, checkpoint.window
 
-    def _drop_deltas(self) -> None:
-        """Delete every delta file, durably, before a store without a usable checkpoint
+    def _drop_unusable_checkpoint(self) -> None:
+        """Delete the checkpoint's files, durably, before a store without a usable one
         starts over: its sequence numbers restart, and a later base could take an old delta
         for its own. The base goes first (durably): a base left without its deltas would
         be taken for the whole state by the next open, should this one stop before its new
-        base is written, and the keys they removed would come back. Raises IoError."""
+        base is written, and the keys they removed would come back. (A damaged base without
+        deltas is left: the next open finds it damaged again.) Raises IoError."""
         try:
             stale = delta_files(self.dir)
             if not stale:
@@ -333,7 +336,7 @@ class OffsetBackend(StorageBackend):
                 path.unlink(missing_ok=True)
             fsync_dir(self.dir)
         except OSError as exc:
-            raise IoError(f"cannot delete old checkpoint deltas: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
+            raise IoError(f"cannot delete an unusable checkpoint: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
 
     def _read_at_strict(self, offset: int, buf: memoryview) -> None:
         assert self._fd is not None
@@ -372,6 +375,7 @@ class OffsetBackend(StorageBackend):
         checkpoint is durable: if this raises (:class:`NoSpaceError` after evicting,
         :class:`IoError` writing the checkpoint), nothing more is written into the data file
         until a later checkpoint succeeds, as every write and remove then takes one first."""
+        started = time.perf_counter()
         evicted: List[bytes] = []
         with self._lock:
             self._window = []
@@ -449,6 +453,7 @@ class OffsetBackend(StorageBackend):
         self._watermark = watermark
         self.counters["checkpoints"] += 1
         self.counters["checkpoint_bytes"] += len(data)
+        self.counters["checkpoint_seconds"] += time.perf_counter() - started  # (its evictions included)
         if base:
             self._delete_stale_deltas()
         return offsets, evicted

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import crc32c as _crc
 
@@ -215,7 +215,7 @@ def encode_keys(bucket_id: int, keys: Iterable[bytes]) -> bytes:
     fields are all 0, without making those entries (a checkpoint delta lists thousands of
     keys gone)."""
     parts = []
-    heads: dict = {}  # key length -> its packed entry
+    heads: Dict[int, bytes] = {}  # key length -> its packed entry
     for key in keys:
         head = heads.get(len(key))
         if head is None:

@@ -58,6 +58,7 @@ def test_a_checkpoint_after_the_first_lists_only_what_changed(tmp_path, direct_p
     take_checkpoint(backend)
     second = backend.counters["checkpoint_bytes"] - before - first
     assert len(deltas(tmp_path)) == 2 and second < first / 10  # 3 added, 1 gone: not 202 objects again
+    assert backend.counters["checkpoints"] == 3 and backend.counters["checkpoint_seconds"] > 0
     crash(backend)
     again = open_backend(tmp_path, direct_psync, capacity=32 * MiB, window_bytes=4 * MiB)
     verify_holds(again, spec)
