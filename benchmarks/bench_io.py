@@ -327,10 +327,14 @@ def drop_cache(directory: Path) -> None:
 
 
 def open_backend(name: str, directory: Path, engine, capacity: int):
+    """A fresh backend ``name`` in ``directory``; ``file_per_key/<mode>`` is the
+    file_per_key backend with that sync mode."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
-    backend = make_backend(name, directory, engine, capacity=capacity, eviction="fifo", verify_on_open="index")
+    kind, _, sync = name.partition("/")
+    options = {"sync": sync} if sync else {}
+    backend = make_backend(kind, directory, engine, capacity=capacity, eviction="fifo", verify_on_open="index", **options)
     backend.recover()
     return backend
 
@@ -460,7 +464,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB)")
     p.add_argument("--sizes", default="256KiB,2MiB,16MiB", help="object sizes (default 256KiB,2MiB,16MiB)")
     p.add_argument("--engines", default="uring,psync")
-    p.add_argument("--backends", default="bucket,offset,file_per_key")
+    p.add_argument("--backends", default="bucket,offset,file_per_key",
+                   help="backends to measure (default bucket,offset,file_per_key); file_per_key/file is "
+                        "file_per_key syncing file by file instead of the filesystem at once")
     p.add_argument("--qd", type=int, default=16, help="objects per read batch for large objects (default 16)")
     p.add_argument("--batch", default="64MiB", help="bytes per write batch (default 64MiB, the bucket size)")
     p.add_argument("--rand-objects", type=int, default=8192, help="4 KiB objects for random reads (default 8192)")

@@ -40,6 +40,8 @@ OFFLOAD_POLICIES = ("eager", "watermark")
 #: Registered names; they must match gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
 BACKENDS = ("bucket", "file_per_key", "offset")
 IO_ENGINES = ("auto", "kvikio", "psync", "uring")
+#: How the file_per_key backend makes its files durable (see StoreConfig.file_per_key_sync).
+FILE_PER_KEY_SYNC_MODES = ("filesystem", "file")
 
 
 def parse_size(value: Size, *, field: str = "size") -> int:
@@ -116,6 +118,11 @@ class StoreConfig:
     #: Storage layout on NVMe: "bucket" (sealed bucket files), "offset" (one preallocated
     #: file) or "file_per_key" (one file per object, for debugging). Default "bucket".
     backend: str = "bucket"
+    #: How the "file_per_key" backend makes a write's files durable: "filesystem" (one
+    #: syncfs(2) after the data, one after the renames: two device cache flushes a batch;
+    #: it also writes back whatever else is dirty on that filesystem) or "file" (an
+    #: fdatasync per file and an fsync per directory, side by side). Default "filesystem".
+    file_per_key_sync: str = "filesystem"
     #: I/O engine that moves bytes to and from NVMe: "auto" (io_uring when this machine
     #: allows it, else psync; stats() says which and why), "uring" or "psync". Default "auto".
     io_engine: str = "auto"
@@ -169,6 +176,7 @@ class StoreConfig:
                 raise ConfigError("must be True or False", field=flag, got=getattr(self, flag))
         check_choice("offload policy", self.offload, OFFLOAD_POLICIES)
         check_choice("backend", self.backend, BACKENDS)
+        check_choice("file_per_key sync mode", self.file_per_key_sync, FILE_PER_KEY_SYNC_MODES)
         check_choice("io engine", self.io_engine, IO_ENGINES)
         check_choice("verify_on_open", self.verify_on_open, ("index", "full"))
         if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
@@ -223,6 +231,7 @@ ENV_FIELDS = {
     "GDSKV_SSD_EVICTION": "ssd_eviction",
     "GDSKV_OFFLOAD": "offload",
     "GDSKV_BACKEND": "backend",
+    "GDSKV_FILE_PER_KEY_SYNC": "file_per_key_sync",
     "GDSKV_IO_ENGINE": "io_engine",
     "GDSKV_IO_THREADS": "io_threads",
     "GDSKV_IO_DEPTH": "io_depth",

@@ -188,6 +188,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                     capacity=config.ssd_bytes,
                     eviction=config.ssd_eviction,
                     verify_on_open=config.verify_on_open,
+                    **({"sync": config.file_per_key_sync} if config.backend == "file_per_key" else {}),
                 )
                 self.recovery = self._backend.recover()
                 self._backend.evict_listener = self._nvme_evicting

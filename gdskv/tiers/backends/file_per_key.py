@@ -16,10 +16,13 @@ elsewhere under ``files/`` when the store opens (the ``<h[0:2]>/<h[2:4]>/`` tree
 earlier versions) are moved to their place.
 
 A write makes each file under a temporary name (through the I/O engine, ``O_DIRECT`` where
-allowed), fdatasyncs it (as soon as its own write completes, the batch's syncs side by side
-on a few threads), renames it into place and then fsyncs, side by side, every directory
-whose entries changed; only then does the write return;
-recovery deletes leftover temporary files and drops record files whose header, checksum or
+allowed), makes it durable, renames it into place and makes the renames durable; only then
+does the write return. By default (``sync="filesystem"``) each of those two steps is one
+``syncfs(2)`` for the whole batch: a single flush of the device's cache, where syncing file
+by file (``sync="file"``: each file fdatasynced as soon as its own write completes, then
+every directory whose entries changed fsynced, side by side on a few threads) costs one
+flush per file on a filesystem without a journal.
+Recovery deletes leftover temporary files and drops record files whose header, checksum or
 name does not match their content (files of other names, and any file outside the shard
 directories of either layout, are left alone). ``remove`` unlinks the file and fsyncs its
 directory.
@@ -50,11 +53,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 import xxhash
 
+from gdskv.config import FILE_PER_KEY_SYNC_MODES, check_choice
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import TRANSIENT_ERRNOS, ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
-from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly
+from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, syncfs, syncfs_available, unlink_quietly
 from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
@@ -103,10 +107,29 @@ class FilePerKeyBackend(StorageBackend):
         eviction: str = "fifo",
         verify_on_open: str = "index",
         open_files: Optional[int] = None,
+        sync: str = "filesystem",
     ) -> None:
         """``open_files``: descriptors kept open for reads (None: half of the process's
-        ``RLIMIT_NOFILE``, at most 65536; 0: open and close a file around every read)."""
+        ``RLIMIT_NOFILE``, at most 65536; 0: open and close a file around every read).
+
+        ``sync``: how a write makes its files durable. ``"filesystem"`` (the default): one
+        ``syncfs(2)`` once the batch's data is written, the renames, and one more, so a
+        batch costs two flushes of the device's cache whatever its number of files; it also
+        writes back whatever else is dirty on that filesystem, which costs nothing on a
+        disk the store has to itself. ``"file"``: an fdatasync per file and an fsync per
+        changed directory, side by side, which touches nothing else. Where ``syncfs`` is not
+        available, ``"filesystem"`` falls back to ``"file"`` (logged; ``stats()`` shows the
+        mode in use)."""
+        check_choice("file_per_key sync mode", sync, FILE_PER_KEY_SYNC_MODES)
         super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
+        if sync == "filesystem" and not syncfs_available():
+            log.info("gdskv: syncfs is not available here; file_per_key syncs file by file")
+            sync = "file"
+        #: The sync mode in use.
+        self.sync = sync
+        #: A descriptor of the store directory that ``syncfs`` is called on in "filesystem"
+        #: mode (opened by recover(), or else by the first write; only writes use it).
+        self._sync_fd: Optional[int] = None
         self._objects: Dict[bytes, IndexEntry] = {}
         #: Open descriptors of record files by key, tagged with the record's seq (lock held).
         self._open = OpenFiles(default_limit() if open_files is None else open_files)
@@ -163,6 +186,8 @@ class FilePerKeyBackend(StorageBackend):
         directories. Files whose names are neither a record's nor a temporary's, and
         directories not of either layout, are left alone."""
         self._make_tree()
+        with self._lock:
+            self._open_sync_descriptor()
         report = RecoveryReport()
         found: Dict[bytes, Tuple[IndexEntry, Path]] = {}
         stale_dirs: Set[Path] = set()  # where an older copy of a key was deleted
@@ -319,13 +344,13 @@ class FilePerKeyBackend(StorageBackend):
     # ------------------------------------------------------------------ writes
 
     def write(self, items: Sequence[WriteItem]) -> List[bytes]:
-        """Write each item to its own file (temporary name, fdatasync, rename, directory
-        fsync); return keys evicted to make room. Writes run one at a time.
+        """Write each item to its own file (temporary name, sync, rename, sync: see
+        ``sync``); return keys evicted to make room. Writes run one at a time.
 
         The renames and the index update happen in one hold of the lock, so the index and
         the paths never disagree: a read, an eviction, a remove or a check always finds at
         a key's path the file its index entry describes. The new values are readable from
-        then on, before the directory fsyncs that make them durable end (the write returns
+        then on, before the syncs that make the renames durable end (the write returns
         after those)."""
         if not items:
             return []
@@ -338,13 +363,14 @@ class FilePerKeyBackend(StorageBackend):
         sizes = [record_size(len(key), value.nbytes) for key, value, _ in items]
         if sum(sizes) > self.capacity:
             raise NoSpaceError("batch larger than the NVMe tier", needed=sum(sizes), capacity=self.capacity)
-        finals = [self.path_of(key) for key, _, _ in items]
-        tmps = [final.with_name(final.name + TMP_SUFFIX) for final in finals]
+        finals = [self.path_str(key) for key, _, _ in items]  # (strings: pathlib costs here)
+        tmps = [final + TMP_SUFFIX for final in finals]
         #: Directories that gain a shard directory (the parents of new shards), fsynced side
         #: by side with the new files' directories before the write returns.
         changed_dirs: Set[Path] = set()
         with self._lock:
             self._check_open()
+            self._open_sync_descriptor()
             evicted, reused = self._make_room(sum(sizes), tmps, changed_dirs)
             self.counters["files_reused"] += reused
             first_seq = self._next_seq
@@ -371,24 +397,28 @@ class FilePerKeyBackend(StorageBackend):
                 else:
                     preallocate(fd, sizes[i])
                 head = heads.encode(key, value.nbytes, first_seq + i, crc)
-                requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=str(tmps[i])))
+                requests.append(IoRequest.write(fd, 0, *record_buffers(head, value), path=tmps[i]))
                 entries.append(IndexEntry(key, head.nbytes, value.nbytes, first_seq + i, crc))
                 group_bytes += sizes[i]
-                if group_bytes >= SUBMIT_BYTES or i == len(items) - 1:
+                if group_bytes >= SUBMIT_BYTES or i == 0 or i == len(items) - 1:
                     submitted.append((self.engine.submit(requests[group_start:]), group_start))
                     group_start, group_bytes = len(requests), 0
-            # Each file is fdatasynced as soon as its write completes, while the others are
-            # still being written, and the syncs run side by side.
+            # "file": each file is fdatasynced as soon as its write completes, while the
+            # others are still being written, and the syncs run side by side.
+            # "filesystem": one syncfs once every write has completed.
             failure: Optional[BaseException] = None
+            per_file = self.sync == "file"
             for future, first in submitted:
                 for j, outcome in future.as_completed():
                     if isinstance(outcome, BaseException):
                         failure = failure or outcome
-                    elif failure is None:
+                    elif failure is None and per_file:
                         syncs.append(self._syncer.submit(os.fdatasync, fds[first + j]))
             _wait_all(syncs)
             if failure is not None:
                 raise failure
+            if not per_file:
+                self._syncfs()
             with self._lock:
                 try:
                     for tmp, final in zip(tmps, finals):
@@ -396,7 +426,10 @@ class FilePerKeyBackend(StorageBackend):
                         renamed += 1
                 finally:  # what was renamed is what its path holds now: the index takes it
                     self._index(entries[:renamed], fds[:renamed], finals, sizes)
-            self._fsync_dirs({f.parent for f in finals} | changed_dirs | self._unsynced_dirs)
+            if per_file:
+                self._fsync_dirs({Path(f).parent for f in finals} | changed_dirs | self._unsynced_dirs)
+            else:
+                self._syncfs()
             self._unsynced_dirs.clear()
             written_ok = True
         except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
@@ -423,7 +456,7 @@ class FilePerKeyBackend(StorageBackend):
                     os.close(fd)
         return evicted
 
-    def _index(self, entries: List[IndexEntry], fds: List[int], finals: List[Path], sizes: List[int]) -> None:
+    def _index(self, entries: List[IndexEntry], fds: List[int], finals: List[str], sizes: List[int]) -> None:
         """Index the files of ``entries`` (item ``i``'s descriptor ``fds[i]``, just renamed
         into place at ``finals[i]``, ``sizes[i]`` bytes already counted in ``_used``) and
         cache their descriptors. Lock held, since before the renames."""
@@ -438,11 +471,11 @@ class FilePerKeyBackend(StorageBackend):
             if self._closed:
                 os.close(fd)
             else:  # after its rename the descriptor is the record's file: reads use it
-                self._open.add(entry.key, fd, entry.seq, str(final), pinned=False)
+                self._open.add(entry.key, fd, entry.seq, final, pinned=False)
         self.counters["files_written"] += len(entries)
         self.counters["bytes_written"] += sum(sizes[: len(entries)])
 
-    def _create_file(self, path: Path, changed_dirs: Set[Path]) -> int:
+    def _create_file(self, path: str, changed_dirs: Set[Path]) -> int:
         """Create (or truncate) the temporary file ``path`` and return its descriptor. The
         shard tree is made when the store opens; a shard directory removed since is made
         again (and added to ``changed_dirs``). Raises OSError."""
@@ -450,7 +483,7 @@ class FilePerKeyBackend(StorageBackend):
         try:
             return self._open_file(path, flags, lock_held=False)
         except FileNotFoundError:
-            self._make_shard(path.parent, changed_dirs)
+            self._make_shard(Path(path).parent, changed_dirs)
             return self._open_file(path, flags, lock_held=False)
 
     def _make_shard(self, shard: Path, changed_dirs: Set[Path]) -> None:
@@ -466,7 +499,7 @@ class FilePerKeyBackend(StorageBackend):
             with contextlib.suppress(FileExistsError):  # made meanwhile by another process
                 directory.mkdir()
 
-    def _make_room(self, nbytes: int, reuse_as: Sequence[Path], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
+    def _make_room(self, nbytes: int, reuse_as: Sequence[str], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held.
 
         The victims are chosen first; :attr:`evict_listener` hears all of them before any
@@ -479,8 +512,9 @@ class FilePerKeyBackend(StorageBackend):
         temporary names; a shard directory removed behind the store's back is made again
         here), to be overwritten in place (see :func:`fit_reused_file`); the others are
         unlinked. A crash leaves a reused file under a temporary name, which recovery
-        deletes: the victim is gone either way. The victims' directories are fsynced (side
-        by side; one whose fsync fails by the next ``remove()``) before the lock is released: a ``remove()`` that then finds a victim absent
+        deletes: the victim is gone either way. The victims' directories are made durable (one
+        syncfs, or fsyncs side by side; where that fails, the next ``remove()`` fsyncs them)
+        before the lock is released: a ``remove()`` that then finds a victim absent
         returns at once, the victim must not come back after a crash, and a reused file must
         not take new bytes while its victim's name may still name it. Directories that
         gained a shard directory made here are added to ``changed_dirs``, which the write
@@ -515,6 +549,13 @@ class FilePerKeyBackend(StorageBackend):
                 del self._undeleted[key]
                 victim_dirs.add(path.parent)
         self.counters["objects_evicted"] += len(evicted)
+        if self.sync == "filesystem" and victim_dirs:
+            try:
+                self._syncfs()
+            except OSError as exc:
+                log.warning("gdskv: could not syncfs %s after an eviction: %s", self.dir, exc)
+                self._pending_dir_syncs |= victim_dirs
+            return evicted, reused
         # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
         # EMFILE (that takes the lock); one that fails is left to the next remove().
         syncs = {d: self._locked_syncer.submit(fsync_dir, d) for d in victim_dirs}
@@ -525,16 +566,16 @@ class FilePerKeyBackend(StorageBackend):
                 self._pending_dir_syncs.add(directory)
         return evicted, reused
 
-    def _move_file(self, path: Path, to: Path, changed_dirs: Set[Path]) -> bool:
+    def _move_file(self, path: Path, to: str, changed_dirs: Set[Path]) -> bool:
         """Rename the file ``path`` to ``to``, making the shard directory of ``to`` again if
         it was removed (see :meth:`_create_file`); returns whether it was moved."""
         try:
             try:
                 os.replace(path, to)
             except FileNotFoundError:
-                if to.parent.is_dir():
+                if Path(to).parent.is_dir():
                     return False  # ``path`` is gone
-                self._make_shard(to.parent, changed_dirs)
+                self._make_shard(Path(to).parent, changed_dirs)
                 os.replace(path, to)
         except OSError:
             return False
@@ -615,6 +656,26 @@ class FilePerKeyBackend(StorageBackend):
     def _open_file(self, path: "str | Path", flags: int, *, lock_held: bool) -> int:
         """Open a record file through the engine (see :meth:`_with_descriptors`)."""
         return self._with_descriptors(self.engine.open_file, path, flags, 0o644, lock_held=lock_held)
+
+    def _open_sync_descriptor(self) -> None:
+        """Open the store directory's descriptor that :meth:`_syncfs` uses, in "filesystem"
+        mode and unless it is open (lock held). Raises IoError."""
+        if self.sync != "filesystem" or self._sync_fd is not None:
+            return
+        try:
+            self._sync_fd = self._with_descriptors(os.open, self._dir_str, os.O_RDONLY | os.O_DIRECTORY, lock_held=True)
+        except OSError as exc:
+            raise IoError(f"cannot open the store directory: {exc.strerror}", path=self._dir_str, errno=exc.errno) from exc
+
+    def _syncfs(self) -> None:
+        """Make everything written on the store's filesystem durable (see ``sync``);
+        raises OSError. Called by a write (under ``_wlock``)."""
+        assert self._sync_fd is not None
+        try:
+            syncfs(self._sync_fd)
+        except OSError as exc:
+            exc.filename = exc.filename or self._dir_str
+            raise
 
     def _fsync_dir(self, path: Path) -> None:
         """fsync a directory (see :meth:`_with_descriptors`); the lock is not held."""
@@ -757,6 +818,7 @@ class FilePerKeyBackend(StorageBackend):
             "open_file_hits": self._open.hits,
             "open_file_opens": self._open.opens,
             "undeleted_files": len(self._undeleted),
+            "sync": self.sync,
         }
 
     def close(self) -> None:
@@ -765,6 +827,9 @@ class FilePerKeyBackend(StorageBackend):
         with self._wlock, self._lock:  # after the write in progress, if any
             self._closed = True
             self._open.clear()
+            if self._sync_fd is not None:
+                os.close(self._sync_fd)
+                self._sync_fd = None
         self._syncer.shutdown(wait=True)
         self._locked_syncer.shutdown(wait=True)
 

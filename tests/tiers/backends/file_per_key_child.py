@@ -1,7 +1,7 @@
 """The process that tests/tiers/backends/test_file_per_key.py kills with SIGKILL.
 
 Run by path: ``python file_per_key_child.py '<json options>'``. It opens a file-per-key
-backend on ``path`` with a small ``capacity``, says ``recovered {report as JSON}``, then
+backend on ``path`` with a small ``capacity`` (and ``sync``, the backend's sync mode), says ``recovered {report as JSON}``, then
 writes batches of ``per_batch`` objects forever, so that every write evicts (and reuses the
 files of) older objects, and removes one older key after each batch. Each step is reported
 on stdout once it returned (one line, flushed at once):
@@ -41,7 +41,7 @@ def main(options: dict) -> None:
     from gdskv.tiers.backends.file_per_key import FilePerKeyBackend
     from gdskv.tiers.backends.record import checksum
 
-    backend = FilePerKeyBackend(options["path"], make_engine("uring" if options["uring"] else "psync", direct=True), capacity=options["capacity"])
+    backend = FilePerKeyBackend(options["path"], make_engine("uring" if options["uring"] else "psync", direct=True), capacity=options["capacity"], sync=options.get("sync", "filesystem"))
     say("recovered " + json.dumps(backend.recover().as_dict()))
     rng = random.Random(options["first"])
     n = options["first"]

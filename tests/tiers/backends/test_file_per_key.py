@@ -36,27 +36,47 @@ def open_backend(root, direct_psync, **kw) -> FilePerKeyBackend:
     return backend
 
 
+@pytest.fixture(params=["filesystem", "file"])
+def sync(request) -> str:
+    """Each of the backend's sync modes."""
+    return request.param
+
+
+def after_renames(backend, monkeypatch, wrap):
+    """Patch the call a write of ``backend`` makes once its files are renamed into place
+    (the directory fsyncs in "file" mode, the second syncfs in "filesystem" mode) with
+    ``wrap(real)``; other calls of it pass through. For writes that evict nothing."""
+    import itertools
+
+    import gdskv.tiers.backends.file_per_key as fpk
+
+    if backend.sync == "file":
+        monkeypatch.setattr(fpk, "fsync_dir", wrap(fpk.fsync_dir))
+        return
+    real, calls = fpk.syncfs, itertools.count(1)
+    wrapped = wrap(real)
+    monkeypatch.setattr(fpk, "syncfs", lambda fd: wrapped(fd) if next(calls) % 2 == 0 else real(fd))
+
+
 @contextlib.contextmanager
 def overwrite_held_after_its_rename(backend, monkeypatch, key: bytes, value: bytes):
     """Run the body while a write of ``key`` on another thread is held just after it renamed
-    its file into place and indexed it, at its directory fsyncs."""
+    its file into place and indexed it, at its directory fsyncs (or its second syncfs)."""
     import threading
 
-    import gdskv.tiers.backends.file_per_key as fpk
     from gates import Gate
 
-    real = fpk.fsync_dir
-    gate = Gate(real)
-    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    gates = []
+    after_renames(backend, monkeypatch, lambda real: gates.append(Gate(real)) or gates[0])
     writer = threading.Thread(target=lambda: backend.write(items({key: value})))
     writer.start()
     try:
-        gate.wait_reached()
+        gates[0].wait_reached()
         yield
     finally:
-        gate.open()
+        gates[0].open()
         writer.join(10)
-    monkeypatch.setattr(fpk, "fsync_dir", real)
+    monkeypatch.undo()
 
 
 def failing_for(path, real, code: int):
@@ -241,7 +261,7 @@ def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct
 
     import gdskv.tiers.backends.file_per_key as fpk
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync="file")
     synced = []
     real = fpk.fsync_dir
     monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
@@ -441,20 +461,20 @@ def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync,
     backend.close()
 
 
-def test_writes_run_one_at_a_time(tmp_path, direct_psync, monkeypatch):
-    """A write held at its directory fsyncs (after its renames) keeps a second write waiting:
-    an eviction of one could otherwise take the other's new file, and two writes of a key
-    would share its temporary name. Reads go on meanwhile and see the first write's value."""
+def test_writes_run_one_at_a_time(tmp_path, direct_psync, monkeypatch, sync):
+    """A write held after its renames keeps a second write waiting: an eviction of one could
+    otherwise take the other's new file, and two writes of a key would share its temporary
+    name. Reads go on meanwhile and see the first write's value."""
     import threading
 
-    import gdskv.tiers.backends.file_per_key as fpk
     from gates import Gate, still_waiting
 
-    backend = open_backend(tmp_path, direct_psync)
-    gate = Gate(fpk.fsync_dir)
-    monkeypatch.setattr(fpk, "fsync_dir", gate)
+    backend = open_backend(tmp_path, direct_psync, sync=sync)
+    gates = []
+    after_renames(backend, monkeypatch, lambda real: gates.append(Gate(real)) or gates[0])
     first = threading.Thread(target=lambda: backend.write(items({b"k": block(1, 5000)})))
     first.start()
+    gate = gates[0]
     gate.wait_reached()
     second = still_waiting(lambda: backend.write(items({b"k": block(2, 5000), b"other": block(3, 100)})))
     try:
@@ -476,7 +496,7 @@ def test_a_failed_write_that_made_a_shard_again_still_syncs_its_parents(tmp_path
 
     import gdskv.tiers.backends.file_per_key as fpk
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync="file")
     root = tmp_path / "files"
     name = file_name(b"first")
     shutil.rmtree(root / name[0])
@@ -503,12 +523,12 @@ def test_a_failed_write_that_made_a_shard_again_still_syncs_its_parents(tmp_path
 
 
 @pytest.mark.parametrize("open_files", [0, None], ids=["uncached", "cached"])
-def test_a_read_during_an_overwrite_gets_the_new_value_and_drops_nothing(tmp_path, direct_psync, monkeypatch, open_files):
+def test_a_read_during_an_overwrite_gets_the_new_value_and_drops_nothing(tmp_path, direct_psync, monkeypatch, open_files, sync):
     """An overwrite renames its file into place and indexes it in one hold of the lock, so
     a read never checks the new file against the old entry (before, that was a miss, and
     with the header unreadable the new file was deleted). During its directory fsyncs a
     read gets the new value, through the path or the new file's cached descriptor."""
-    backend = open_backend(tmp_path, direct_psync, open_files=open_files)
+    backend = open_backend(tmp_path, direct_psync, open_files=open_files, sync=sync)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old}))
     with overwrite_held_after_its_rename(backend, monkeypatch, b"k", new):
@@ -536,12 +556,12 @@ def test_a_file_that_cannot_be_opened_for_now_is_kept(tmp_path, direct_psync):
     backend.close()
 
 
-def test_check_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch):
+def test_check_racing_an_overwrite_never_drops_the_new_file(tmp_path, direct_psync, monkeypatch, sync):
     """check() reads files outside the lock. An overwrite renames its file into place before
     it updates the index; a check() in that window finds the new file against the old entry.
     It must not call it corrupt and unlink it: that file is the value the write is about to
     acknowledge."""
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync=sync)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old, b"other": old}))
     with overwrite_held_after_its_rename(backend, monkeypatch, b"k", new):
@@ -718,7 +738,7 @@ def test_a_file_being_read_is_not_reused(tmp_path, direct_psync):
 
 
 @pytest.mark.timeout(120)
-def test_sigkill_while_every_write_evicts_and_reuses_files(tmp_path, direct_psync):
+def test_sigkill_while_every_write_evicts_and_reuses_files(tmp_path, direct_psync, sync):
     """A child writes into a small tier, so that every batch evicts older objects and takes
     their files, and removes a key after each batch; it is killed with SIGKILL at seeded
     random points, six times on the same directory. Each reopen (verifying every file)
@@ -743,7 +763,7 @@ def test_sigkill_while_every_write_evicts_and_reuses_files(tmp_path, direct_psyn
     for run in range(6):
         rng = random.Random(run)
         options = {"path": str(tmp_path), "capacity": capacity, "per_batch": per_batch, "first": first,
-                   "uring": not uring_unavailable() and run % 2 == 0}
+                   "uring": not uring_unavailable() and run % 2 == 0, "sync": sync}
         proc = subprocess.Popen([sys.executable, str(child), json.dumps(options)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         kill_after, last_batch, lines, removing = rng.randrange(4, 14), None, [], None
@@ -780,12 +800,12 @@ def test_sigkill_while_every_write_evicts_and_reuses_files(tmp_path, direct_psyn
         first = last_batch[-1] + 1 + per_batch  # past the batch the kill cut short
 
 
-def test_a_remove_between_an_overwrites_rename_and_its_index_wins(tmp_path, direct_psync, monkeypatch):
+def test_a_remove_between_an_overwrites_rename_and_its_index_wins(tmp_path, direct_psync, monkeypatch, sync):
     """An overwrite renames its file into place before it updates the index. A remove() in
     between finds the old entry and unlinks the path, which is the new file by then. The
     write must not index (and serve through its descriptor) a file that is gone: the
     remove came last, the key stays absent, in memory and after a reopen alike."""
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync=sync)
     old, new = block(1, 10_000), block(2, 10_000)
     backend.write(items({b"k": old, b"other": old}))
     used = backend.used_bytes
@@ -826,25 +846,26 @@ def test_reusing_a_file_read_before_works_through_the_kvikio_engine(tmp_path):
     engine.close()
 
 
-def test_a_write_that_fails_after_its_renames_indexes_what_they_put_in_place(tmp_path, direct_psync, monkeypatch):
-    """When a directory fsync fails after the files were renamed into place, the write
-    fails, but the paths hold the new (synced) files: the index takes them, so reads serve
-    what a reopen finds, and a retry overwrites them."""
-    import gdskv.tiers.backends.file_per_key as fpk
+def test_a_write_that_fails_after_its_renames_indexes_what_they_put_in_place(tmp_path, direct_psync, monkeypatch, sync):
+    """When a directory fsync (or the syncfs) fails after the files were renamed into
+    place, the write fails, but the paths hold the new (synced) files: the index takes them,
+    so reads serve what a reopen finds, and a retry overwrites them."""
     from gdskv.errors import IoError
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync=sync)
     old, new = block(1, 10_000), block(2, 12_000)
     backend.write(items({b"k": old}))
-    real = fpk.fsync_dir
 
-    def failing(path):
-        raise OSError(errno.EIO, "Input/output error", str(path))
+    def failing(real):
+        def call(target):
+            raise OSError(errno.EIO, "Input/output error")
+        return call
 
-    monkeypatch.setattr(fpk, "fsync_dir", failing)
-    with pytest.raises(IoError):
+    after_renames(backend, monkeypatch, failing)
+    with pytest.raises(IoError) as info:
         backend.write(items({b"k": new, b"n": old}))
-    monkeypatch.setattr(fpk, "fsync_dir", real)
+    assert info.value.context["errno"] == errno.EIO and info.value.context["path"].startswith(str(tmp_path))
+    monkeypatch.undo()
     assert sorted(backend.keys()) == [b"k", b"n"] and read(backend, b"k", len(new)) == new
     assert backend.used_bytes == sum(os.path.getsize(p) for p in all_files(tmp_path / "files"))
     backend.write(items({b"k": new}))  # the retry
@@ -891,7 +912,7 @@ def test_an_eviction_whose_directory_fsync_fails_is_made_durable_by_the_next_rem
     from gdskv.tiers.backends.record import record_size
 
     size = 50_000
-    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size), sync="file")
     backend.write(items({b"k0": block(0, size)}))
     victim_dir = str(backend.path_of(b"k0").parent)
     real = fpk.fsync_dir
@@ -923,7 +944,7 @@ def test_close_waits_for_the_write_in_progress(tmp_path, direct_psync, monkeypat
 
     from gates import Gate, still_waiting
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync="file")
     gate = Gate(os.fdatasync)  # the first file's sync: the others are still to be handed out
     monkeypatch.setattr(os, "fdatasync", gate)
     writer = threading.Thread(target=lambda: backend.write(items({f"k{i}".encode(): block(i, 5000) for i in range(8)})))
@@ -962,7 +983,7 @@ def test_a_directory_an_eviction_leaves_unsynced_during_a_remove_stays_for_the_n
 
     victim, removed = keys_in_one_shard(2)
     size = record_size(len(victim), 100)
-    backend = open_backend(tmp_path, direct_psync, capacity=2 * size)
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * size, sync="file")
     backend.write(items({victim: block(1, 100)}))  # the oldest: the next write evicts it
     backend.write(items({removed: block(2, 100)}))
     shard = backend.path_of(victim).parent
@@ -1001,7 +1022,7 @@ def test_directories_a_failed_write_could_not_sync_are_synced_once_by_the_next_w
 
     import gdskv.tiers.backends.file_per_key as fpk
 
-    backend = open_backend(tmp_path, direct_psync)
+    backend = open_backend(tmp_path, direct_psync, sync="file")
     root = tmp_path / "files"
     name = file_name(b"first")
     shutil.rmtree(root / name[0])
