@@ -27,8 +27,14 @@ name does not match their content (files of other names, and any file outside th
 directories of either layout, are left alone). ``remove`` unlinks the file and fsyncs its
 directory.
 Eviction is object-level (FIFO or LRU) under the byte cap; every file counts its record size.
-A write that evicts takes the victims' files (those no read is using) as its own temporary
-files and overwrites them in place (:func:`fit_reused_file`), as the bucket backend does.
+Writes into a full tier overwrite evicted files in place (:func:`fit_reused_file`) instead
+of creating files, as the bucket backend does, but never one a read is using. In "file"
+mode a write takes its own victims' files as its temporary files, once their directories
+are fsynced. In "filesystem" mode its victims' files are renamed to spare names
+(``<shard>/spare-<n>.tmp``) and the *next* write takes them, since the first syncfs of
+this one has made those renames durable by then: no eviction waits for a sync of its own.
+The spares take at most about one write's bytes of disk beyond the cap (``spare_bytes`` in
+:meth:`stats`); close() deletes them, and so does an open, as temporary files.
 
 Reads go through a cache of open descriptors (:mod:`open_files`): a write keeps each new
 file's descriptor (after its rename it is the record's file), a read that finds none opens
@@ -82,6 +88,9 @@ SHARD_DIGITS = "0123456789abcdef"
 SYNC_THREADS = 16
 #: Bytes of records whose files are created before their writes are submitted together.
 SUBMIT_BYTES = 8 << 20
+#: Names of spare files (evicted objects' files kept for later writes to overwrite):
+#: ``<shard>/spare-<n>.tmp``, deleted at open as every temporary file is.
+SPARE_PREFIX = "spare-"
 
 
 def file_name(key: bytes) -> str:
@@ -153,6 +162,15 @@ class FilePerKeyBackend(StorageBackend):
         #: back. Each eviction tries them again, a remove() of the key must delete its file
         #: (or raise), and a new write of the key replaces it (lock held).
         self._undeleted: Dict[bytes, Path] = {}
+        #: "filesystem" mode: files of evicted objects renamed to spare names, (path, bytes).
+        #: A write overwrites ready ones in place instead of creating files; this write's
+        #: evictions add unready ones, which become ready once a syncfs has made their
+        #: renames durable (a file must not take new bytes while its victim's name may still
+        #: name it after a crash). Each write keeps them to its own bytes, give or take one
+        #: file (writes only, under ``_wlock``).
+        self._spares: List[Tuple[str, int]] = []
+        self._unready_spares: List[Tuple[str, int]] = []
+        self._spares_made = 0
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         #: The same for an eviction's directory fsyncs, which a write waits for holding the
@@ -201,6 +219,9 @@ class FilePerKeyBackend(StorageBackend):
                 continue
             for name in names:
                 path = here / name
+                if name.startswith(SPARE_PREFIX) and name.endswith(TMP_SUFFIX):  # no object's
+                    unlink_quietly(path)
+                    continue
                 if name.endswith(TMP_SUFFIX):
                     unlink_quietly(path)
                     report.dropped_torn += 1
@@ -368,10 +389,15 @@ class FilePerKeyBackend(StorageBackend):
         #: Directories that gain a shard directory (the parents of new shards), fsynced side
         #: by side with the new files' directories before the write returns.
         changed_dirs: Set[Path] = set()
+        per_file = self.sync == "file"
         with self._lock:
             self._check_open()
             self._open_sync_descriptor()
-            evicted, reused = self._make_room(sum(sizes), tmps, changed_dirs)
+            if per_file:
+                evicted, reused = self._make_room(sum(sizes), tmps, changed_dirs)
+            else:
+                reused = self._take_spares(tmps)
+                evicted, _ = self._make_room(sum(sizes), (), changed_dirs)
             self.counters["files_reused"] += reused
             first_seq = self._next_seq
             self._next_seq += len(items)
@@ -407,7 +433,6 @@ class FilePerKeyBackend(StorageBackend):
             # others are still being written, and the syncs run side by side.
             # "filesystem": one syncfs once every write has completed.
             failure: Optional[BaseException] = None
-            per_file = self.sync == "file"
             for future, first in submitted:
                 for j, outcome in future.as_completed():
                     if isinstance(outcome, BaseException):
@@ -418,7 +443,7 @@ class FilePerKeyBackend(StorageBackend):
             if failure is not None:
                 raise failure
             if not per_file:
-                self._syncfs()
+                self._sync_batch()
             with self._lock:
                 try:
                     for tmp, final in zip(tmps, finals):
@@ -475,6 +500,40 @@ class FilePerKeyBackend(StorageBackend):
         self.counters["files_written"] += len(entries)
         self.counters["bytes_written"] += sum(sizes[: len(entries)])
 
+    def _take_spares(self, tmps: List[str]) -> int:
+        """Make ready spare files the temporary files of the first items (``tmps[i]``
+        replaced by a spare's path); returns how many. Lock held."""
+        taken = min(len(self._spares), len(tmps))
+        for i in range(taken):
+            tmps[i] = self._spares[i][0]
+        del self._spares[:taken]
+        return taken
+
+    def _make_spare(self, path: Path, nbytes: int) -> bool:
+        """Rename the evicted file ``path`` (``nbytes`` long) to a spare name in its own
+        directory; returns whether it was renamed. Lock held."""
+        spare = f"{path.parent}/{SPARE_PREFIX}{self._spares_made}{TMP_SUFFIX}"
+        try:
+            os.replace(path, spare)
+        except OSError:
+            return False
+        self._spares_made += 1
+        self._unready_spares.append((spare, nbytes))
+        return True
+
+    def _sync_batch(self) -> None:
+        """The syncfs after a batch's data is written: it also makes durable every rename
+        and unlink of the evictions before it, so their spares become ready and their
+        directories need no fsync by a remove() any more. Raises OSError."""
+        with self._lock:
+            covered = set(self._pending_dir_syncs)
+            spares = len(self._unready_spares)
+        self._syncfs()
+        with self._lock:
+            self._pending_dir_syncs -= covered
+            self._spares += self._unready_spares[:spares]
+            del self._unready_spares[:spares]
+
     def _create_file(self, path: str, changed_dirs: Set[Path]) -> int:
         """Create (or truncate) the temporary file ``path`` and return its descriptor. The
         shard tree is made when the store opens; a shard directory removed since is made
@@ -507,16 +566,19 @@ class FilePerKeyBackend(StorageBackend):
         not make room (the rest of the cap is reserved by writes in flight),
         :class:`NoSpaceError` is raised and nothing is evicted.
 
-        The victims' files are not deleted but reused where they can be: the file of each
-        victim that no read is using is renamed to the next of ``reuse_as`` (the write's
-        temporary names; a shard directory removed behind the store's back is made again
-        here), to be overwritten in place (see :func:`fit_reused_file`); the others are
-        unlinked. A crash leaves a reused file under a temporary name, which recovery
-        deletes: the victim is gone either way. The victims' directories are made durable (one
-        syncfs, or fsyncs side by side; where that fails, the next ``remove()`` fsyncs them)
-        before the lock is released: a ``remove()`` that then finds a victim absent
-        returns at once, the victim must not come back after a crash, and a reused file must
-        not take new bytes while its victim's name may still name it. Directories that
+        The victims' files are not deleted but reused where they can be: in "file" mode the
+        file of each victim that no read is using is renamed to the next of ``reuse_as``
+        (the write's temporary names; a shard directory removed behind the store's back is
+        made again here), to be overwritten in place (see :func:`fit_reused_file`); in
+        "filesystem" mode it becomes a spare file (:meth:`_make_spare`) while the spares
+        hold less than ``nbytes``. The others are unlinked. A crash leaves a reused or spare
+        file under a temporary name, which recovery deletes: the victim is gone either way.
+        In "file" mode the victims' directories are fsynced (side by side; one whose fsync
+        fails by the next ``remove()``) before the lock is released; in "filesystem" mode
+        they wait for the write's first syncfs, and a ``remove()`` before it fsyncs them
+        itself. Either way a ``remove()`` that finds a victim absent returns only once the
+        victim cannot come back after a crash, and no reused file takes new bytes while its
+        victim's name may still name it. Directories that
         gained a shard directory made here are added to ``changed_dirs``, which the write
         fsyncs before it returns. Returns the evicted keys and how many files were reused
         (the first of ``reuse_as``)."""
@@ -534,13 +596,18 @@ class FilePerKeyBackend(StorageBackend):
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
         reused = 0
+        spare_room = nbytes - sum(size for _, size in self._spares + self._unready_spares)
         victim_dirs: Set[Path] = set()
         for key in evicted:
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
+            size = record_size(len(key), self._objects[key].value_len)
             path = self._drop_entry(key)
             victim_dirs.add(path.parent)
-            if not in_use and reused < len(reuse_as) and _only_name(path) and self._move_file(path, reuse_as[reused], changed_dirs):
+            reusable = not in_use and _only_name(path)
+            if reusable and reused < len(reuse_as) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
+            elif reusable and self.sync == "filesystem" and spare_room > 0 and self._make_spare(path, size):
+                spare_room -= size
             elif not _delete(path):
                 log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
                 self._undeleted[key] = path
@@ -549,12 +616,10 @@ class FilePerKeyBackend(StorageBackend):
                 del self._undeleted[key]
                 victim_dirs.add(path.parent)
         self.counters["objects_evicted"] += len(evicted)
-        if self.sync == "filesystem" and victim_dirs:
-            try:
-                self._syncfs()
-            except OSError as exc:
-                log.warning("gdskv: could not syncfs %s after an eviction: %s", self.dir, exc)
-                self._pending_dir_syncs |= victim_dirs
+        if self.sync == "filesystem":
+            # Made durable by the write's first syncfs (see _sync_batch), or by a remove()
+            # that comes before it: its key may be one of these victims.
+            self._pending_dir_syncs |= victim_dirs
             return evicted, reused
         # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
         # EMFILE (that takes the lock); one that fails is left to the next remove().
@@ -819,6 +884,8 @@ class FilePerKeyBackend(StorageBackend):
             "open_file_opens": self._open.opens,
             "undeleted_files": len(self._undeleted),
             "sync": self.sync,
+            "spare_files": len(self._spares) + len(self._unready_spares),
+            "spare_bytes": sum(size for _, size in self._spares + self._unready_spares),
         }
 
     def close(self) -> None:
@@ -830,6 +897,10 @@ class FilePerKeyBackend(StorageBackend):
             if self._sync_fd is not None:
                 os.close(self._sync_fd)
                 self._sync_fd = None
+            for spare, _ in self._spares + self._unready_spares:  # else the next open deletes them
+                unlink_quietly(spare)
+            self._spares.clear()
+            self._unready_spares.clear()
         self._syncer.shutdown(wait=True)
         self._locked_syncer.shutdown(wait=True)
 

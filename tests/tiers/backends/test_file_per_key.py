@@ -200,14 +200,20 @@ def test_a_record_file_that_cannot_be_read_at_open_fails_the_open_and_is_kept(tm
     again.close()
 
 
-def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, direct_psync):
-    backend = open_backend(tmp_path, direct_psync, capacity=MiB)
+def test_remove_unlinks_and_eviction_stays_under_the_cap(tmp_path, direct_psync, sync):
+    """The records stay under the cap; in "filesystem" mode, spare files (evicted files kept
+    for the next write) take at most one write's bytes more."""
+    backend = open_backend(tmp_path, direct_psync, capacity=MiB, sync=sync)
     values = {f"f{i}".encode(): block(i, 100_000) for i in range(20)}  # ~2 MiB of records
     evicted = []
     for key, value in values.items():
         evicted += backend.write(items({key: value}))
     assert backend.used_bytes <= MiB and evicted[:2] == [b"f0", b"f1"]  # FIFO
-    assert len(all_files(tmp_path / "files")) == len(backend)
+    records = [f for f in all_files(tmp_path / "files") if f.endswith(".rec")]
+    assert len(records) == len(backend)
+    spares = set(all_files(tmp_path / "files")) - set(records)
+    assert len(spares) == backend.stats()["spare_files"] == (sync == "filesystem")
+    assert sum(os.path.getsize(f) for f in spares) == backend.stats()["spare_bytes"] <= 110_000
     assert backend.remove(b"f19") and not backend.remove(b"f19")
     assert not backend.path_of(b"f19").exists()
     backend.close()
@@ -686,7 +692,7 @@ def test_a_write_that_evicts_writes_into_the_evicted_files(tmp_path, direct_psyn
     from gdskv.tiers.backends.record import record_size
 
     big, small = 300_000, 5000
-    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, big))
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, big), sync="file")
     backend.write(items({b"k0": block(0, big)}))
     backend.write(items({b"k1": block(1, big)}))
     inodes = {key: os.stat(backend.path_of(key)).st_ino for key in (b"k0", b"k1")}
@@ -710,9 +716,10 @@ def test_a_write_that_evicts_writes_into_the_evicted_files(tmp_path, direct_psyn
     again.close()
 
 
-def test_a_file_being_read_is_not_reused(tmp_path, direct_psync):
-    """A victim with a read in flight keeps its file to that read (unlinked, not reused):
-    the read returns the victim's bytes, and the new object gets a new file."""
+def test_a_file_being_read_is_not_reused(tmp_path, direct_psync, sync):
+    """A victim with a read in flight keeps its file to that read (unlinked, not reused nor
+    kept as a spare): the read returns the victim's bytes, and the new object gets a new
+    file."""
     import threading
 
     from gates import Gate
@@ -720,7 +727,7 @@ def test_a_file_being_read_is_not_reused(tmp_path, direct_psync):
     from gdskv.tiers.backends.record import record_size
 
     size = 100_000
-    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size), sync=sync)
     backend.write(items({b"k0": block(0, size)}))
     gate = backend.engine.submit = Gate(backend.engine.submit, when=lambda requests: requests[0].op is IoOp.READ)
     got = []
@@ -732,7 +739,7 @@ def test_a_file_being_read_is_not_reused(tmp_path, direct_psync):
     finally:
         gate.open()
         reader.join(10)
-    assert got == [block(0, size)] and backend.stats()["files_reused"] == 0
+    assert got == [block(0, size)] and backend.stats()["files_reused"] == backend.stats()["spare_files"] == 0
     assert read(backend, b"k1", size) == block(1, size) and backend.keys() == [b"k1"]
     backend.close()
 
@@ -819,10 +826,10 @@ def test_a_remove_between_an_overwrites_rename_and_its_index_wins(tmp_path, dire
     again.close()
 
 
-def test_reusing_a_file_read_before_works_through_the_kvikio_engine(tmp_path):
+def test_reusing_a_file_read_before_works_through_the_kvikio_engine(tmp_path, sync):
     """kvikio keeps a handle per descriptor and file: after a restart, a read opens an object
-    read-only; a write that evicts it reuses that very file (and descriptor number) for
-    writing."""
+    read-only; a write that evicts it (or, in "filesystem" mode, the write after it) reuses
+    that very file (and descriptor number) for writing."""
     from gds.test_kvikio_engine import GPU, fake_kvikio
     from gdskv.gds.kvikio_engine import KvikioEngine
     from gdskv.tiers.backends.record import record_size
@@ -830,18 +837,22 @@ def test_reusing_a_file_read_before_works_through_the_kvikio_engine(tmp_path):
     size = 100_000
     capacity = 2 * record_size(2, size)
     engine = KvikioEngine(device=GPU, kvikio_module=fake_kvikio(compat=True))
-    backend = FilePerKeyBackend(tmp_path, engine, capacity=capacity)
+    backend = FilePerKeyBackend(tmp_path, engine, capacity=capacity, sync=sync)
     backend.recover()
     backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
     backend.close()
     engine.close()
     engine = KvikioEngine(device=GPU, kvikio_module=fake_kvikio(compat=True))  # a restart
-    backend = FilePerKeyBackend(tmp_path, engine, capacity=capacity)
+    backend = FilePerKeyBackend(tmp_path, engine, capacity=capacity, sync=sync)
     backend.recover()
     assert read(backend, b"k0", size) == block(0, size)
     assert backend.write(items({b"k2": block(2, size)})) == [b"k0"]
+    if sync == "filesystem":  # k0's file is a spare now: the next write takes it
+        assert backend.stats()["files_reused"] == 0
+        assert backend.write(items({b"k3": block(3, size)})) == [b"k1"]
     assert backend.stats()["files_reused"] == 1
-    assert sorted(backend.keys()) == [b"k1", b"k2"] and read(backend, b"k2", size) == block(2, size)
+    live = [b"k2", b"k3"] if sync == "filesystem" else [b"k1", b"k2"]
+    assert sorted(backend.keys()) == live and all(read(backend, k, size) == block(int(k[1:]), size) for k in live)
     backend.close()
     engine.close()
 

@@ -55,20 +55,67 @@ def test_a_write_syncs_the_filesystem_after_its_data_and_after_its_renames(tmp_p
     again.close()
 
 
-def test_a_write_that_evicts_syncs_the_evictions_before_it_writes_into_reused_files(tmp_path, direct_psync, monkeypatch):
-    """The victims' files are renamed to the write's temporary names; that is made durable
-    (so a remove() that finds a victim gone may return at once, and no victim's name still
-    names a file that takes new bytes) before any data is submitted."""
+def spare_of(backend, victim: bytes, n: int) -> str:
+    """The name the ``n``-th spare file gets, ``victim``'s file renamed in its directory."""
+    return f"{backend.path_of(victim).parent}/spare-{n}.tmp"
+
+
+def test_evicted_files_become_spares_that_the_next_write_overwrites(tmp_path, direct_psync, monkeypatch):
+    """A write's victims are renamed to spare names (not synced on their own: the write's
+    syncfs covers them). The next write, after that syncfs, overwrites a spare in place as
+    its new object's file, cut or grown to size, so no file is created. Spares go at close,
+    and at open without counting as torn writes."""
     size = 50_000
     backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
     backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    inode = os.stat(backend.path_of(b"k0")).st_ino
     events = record_events(backend, monkeypatch)
     assert backend.write(items({b"k2": block(2, size)})) == [b"k0"]
+    assert events == [("replace", spare_of(backend, b"k0", 0)), "submit", "syncfs", ("replace", str(backend.path_of(b"k2"))), "syncfs"]
+    assert backend.stats()["spare_files"] == 1 and backend.stats()["files_reused"] == 0
+    events.clear()
+    cut = block(3, size - 9000)
+    assert backend.write(items({b"k3": cut})) == [b"k1"]  # into k0's file
+    assert events == [("replace", spare_of(backend, b"k1", 1)), "submit", "syncfs", ("replace", str(backend.path_of(b"k3"))), "syncfs"]
     monkeypatch.undo()
-    final = str(backend.path_of(b"k2"))
-    moved = ("replace", final + ".tmp")  # the victim's file, to the new object's temporary name
-    assert events == [moved, "syncfs", "submit", "syncfs", ("replace", final), "syncfs"]
+    assert backend.stats()["files_reused"] == 1 and os.stat(backend.path_of(b"k3")).st_ino == inode
+    assert os.path.getsize(backend.path_of(b"k3")) == record_size(2, len(cut))
+    assert read(backend, b"k3", len(cut)) == cut and read(backend, b"k2", size) == block(2, size)
+    assert os.path.exists(spare_of(backend, b"k1", 1))
+    backend.close()
+    assert not os.path.exists(spare_of(backend, b"k1", 1))
+    spare = spare_of(backend, b"k3", 7)  # as a crash leaves one
+    with open(spare, "wb") as f:
+        f.write(block(7, size))
+    again = FilePerKeyBackend(tmp_path, direct_psync, capacity=2 * record_size(2, size), verify_on_open="full")
+    report = again.recover()
+    assert not os.path.exists(spare) and report.dropped_torn == report.dropped_corrupt == 0
+    assert sorted(again.keys()) == [b"k2", b"k3"]
+    again.close()
+
+
+def test_a_spare_is_overwritten_only_after_a_syncfs_made_its_rename_durable(tmp_path, direct_psync, monkeypatch):
+    """The write that made spares fails at its first syncfs: they are not ready, so the next
+    write creates its file instead; its syncfs makes them ready, and the write after it
+    takes one."""
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    real = fpk.syncfs
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fpk, "syncfs", failing)
+    with pytest.raises(IoError):
+        backend.write(items({b"k2": block(2, size)}))  # evicts k0, whose file is a spare now
+    monkeypatch.setattr(fpk, "syncfs", real)
+    assert backend.stats()["spare_files"] == 1
+    backend.write(items({b"k3": block(3, size)}))
+    assert backend.stats()["files_reused"] == 0
+    backend.write(items({b"k4": block(4, size)}))
     assert backend.stats()["files_reused"] == 1
+    assert sorted(backend.keys()) == [b"k3", b"k4"] and read(backend, b"k4", size) == block(4, size)
     backend.close()
 
 
@@ -98,30 +145,37 @@ def test_a_failed_syncfs_before_the_renames_changes_nothing(tmp_path, direct_psy
     again.close()
 
 
-def test_an_eviction_whose_syncfs_fails_is_made_durable_by_the_next_remove(tmp_path, direct_psync, monkeypatch):
-    """The eviction's syncfs fails: the victim is gone from the index at once, and its
-    directory is fsynced by the next remove() (of the victim, say, which finds it absent)."""
+def test_a_remove_before_the_writes_syncfs_makes_its_evictions_durable(tmp_path, direct_psync, monkeypatch):
+    """An eviction is made durable by the write's first syncfs. A remove() that comes before
+    it (of the victim, say, which it finds absent) fsyncs the victim's directory itself
+    before it returns, so the victim cannot come back after a crash; once the syncfs is done,
+    removes sync nothing for it any more."""
+    import threading
+
+    from gates import Gate
+
     size = 50_000
     backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
     backend.write(items({b"k0": block(0, size)}))
     victim_dir = str(backend.path_of(b"k0").parent)
-    real_syncfs, real_fsync_dir = fpk.syncfs, fpk.fsync_dir
-    calls = []
-
-    def failing_first(fd):
-        calls.append(fd)
-        if len(calls) == 1:  # the eviction's
-            raise OSError(errno.EIO, "Input/output error")
-        real_syncfs(fd)
-
-    monkeypatch.setattr(fpk, "syncfs", failing_first)
-    assert backend.write(items({b"k1": block(1, size)})) == [b"k0"]
-    assert len(calls) == 3  # the eviction's, then the write's two
+    gate = Gate(fpk.syncfs)  # the write's first syncfs
+    monkeypatch.setattr(fpk, "syncfs", gate)
+    real_fsync_dir = fpk.fsync_dir
     synced = []
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
-    assert not backend.remove(b"k0") and victim_dir in synced
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path))[1])
+    writer = threading.Thread(target=lambda: backend.write(items({b"k1": block(1, size)})))
+    writer.start()
+    try:
+        gate.wait_reached()
+        assert not backend.remove(b"k0") and victim_dir in synced
+    finally:
+        gate.open()
+        writer.join(10)
+    assert backend.keys() == [b"k1"]
     synced.clear()
-    assert not backend.remove(b"k0") and synced == []  # done: nothing pending any more
+    assert not backend.remove(b"k0") and synced == []
+    assert backend.write(items({b"k2": block(2, size)})) == [b"k1"]  # no remove() during it
+    assert not backend.remove(b"k1") and synced == []  # its syncfs covered the eviction
     backend.close()
 
 
