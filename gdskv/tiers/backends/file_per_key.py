@@ -156,7 +156,7 @@ class FilePerKeyBackend(StorageBackend):
         self._wlock = threading.Lock()
         #: Directories a remove, an eviction or a dropped replica deleted a file from and
         #: could not fsync: the next remove() fsyncs them before it returns (lock held).
-        self._pending_dir_syncs: Set[Path] = set()
+        self._pending_dirs = PendingDirs()
         #: Files of evicted objects that could not be deleted (EIO, EROFS, an immutable
         #: file), by key: no longer indexed, but a reopen would find them and bring the key
         #: back. Each eviction tries them again, a remove() of the key must delete its file
@@ -395,9 +395,10 @@ class FilePerKeyBackend(StorageBackend):
             self._open_sync_descriptor()
             if per_file:
                 evicted, reused = self._make_room(sum(sizes), tmps, changed_dirs)
-            else:
-                reused = self._take_spares(tmps)
-                evicted, _ = self._make_room(sum(sizes), (), changed_dirs)
+            else:  # ready spares become the first items' files, once the eviction is done
+                reused = min(len(self._spares), len(tmps))
+                evicted, _ = self._make_room(sum(sizes), (), changed_dirs, spares_taken=reused)
+                self._take_spares(tmps, reused)
             self.counters["files_reused"] += reused
             first_seq = self._next_seq
             self._next_seq += len(items)
@@ -415,8 +416,11 @@ class FilePerKeyBackend(StorageBackend):
             requests: List[IoRequest] = []
             group_start = group_bytes = 0
             for i, (key, value, crc) in enumerate(items):
-                reusing = i < reused  # an evicted file, renamed to this temporary name
-                fd = self._open_file(tmps[i], os.O_RDWR, lock_held=False) if reusing else self._create_file(tmps[i], changed_dirs)
+                reusing = i < reused  # an evicted file, renamed to this temporary name (or a spare)
+                fd = self._open_reused(i, tmps, finals) if reusing else None
+                if fd is None:
+                    reusing = False
+                    fd = self._create_file(tmps[i], changed_dirs)
                 fds.append(fd)
                 if reusing:
                     fit_reused_file(fd, sizes[i])  # the record covers every byte
@@ -471,6 +475,13 @@ class FilePerKeyBackend(StorageBackend):
                 with contextlib.suppress(OSError):
                     self._fsync_dirs(self._unsynced_dirs)
                     self._unsynced_dirs.clear()
+            if not per_file:  # this write's evictions waited for its syncfs, which did not come
+                with self._lock:
+                    pending = self._pending_dirs.snapshot()
+                with contextlib.suppress(OSError, RuntimeError):  # else a remove() fsyncs them
+                    self._fsync_dirs(pending)
+                    with self._lock:
+                        self._pending_dirs.settle(pending)
             if isinstance(exc, GdskvError) or not isinstance(exc, OSError):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
@@ -500,14 +511,25 @@ class FilePerKeyBackend(StorageBackend):
         self.counters["files_written"] += len(entries)
         self.counters["bytes_written"] += sum(sizes[: len(entries)])
 
-    def _take_spares(self, tmps: List[str]) -> int:
-        """Make ready spare files the temporary files of the first items (``tmps[i]``
-        replaced by a spare's path); returns how many. Lock held."""
-        taken = min(len(self._spares), len(tmps))
-        for i in range(taken):
+    def _open_reused(self, i: int, tmps: List[str], finals: List[str]) -> Optional[int]:
+        """Open the reused file ``tmps[i]`` for writing. One deleted behind the store's back
+        (or its shard directory) is replaced by the item's own temporary name, and None
+        returned: the caller creates that file. Raises OSError."""
+        try:
+            return self._open_file(tmps[i], os.O_RDWR, lock_held=False)
+        except FileNotFoundError:
+            log.warning("gdskv: reused file %s is gone; creating a new file instead", tmps[i])
+            tmps[i] = finals[i] + TMP_SUFFIX
+            with self._lock:
+                self.counters["files_reused"] -= 1
+            return None
+
+    def _take_spares(self, tmps: List[str], count: int) -> None:
+        """Make the first ``count`` ready spare files the temporary files of the first items
+        (``tmps[i]`` replaced by a spare's path). Lock held."""
+        for i in range(count):
             tmps[i] = self._spares[i][0]
-        del self._spares[:taken]
-        return taken
+        del self._spares[:count]
 
     def _make_spare(self, path: Path, nbytes: int) -> bool:
         """Rename the evicted file ``path`` (``nbytes`` long) to a spare name in its own
@@ -526,11 +548,11 @@ class FilePerKeyBackend(StorageBackend):
         and unlink of the evictions before it, so their spares become ready and their
         directories need no fsync by a remove() any more. Raises OSError."""
         with self._lock:
-            covered = set(self._pending_dir_syncs)
+            covered = self._pending_dirs.snapshot()
             spares = len(self._unready_spares)
         self._syncfs()
         with self._lock:
-            self._pending_dir_syncs -= covered
+            self._pending_dirs.settle(covered)
             self._spares += self._unready_spares[:spares]
             del self._unready_spares[:spares]
 
@@ -558,7 +580,9 @@ class FilePerKeyBackend(StorageBackend):
             with contextlib.suppress(FileExistsError):  # made meanwhile by another process
                 directory.mkdir()
 
-    def _make_room(self, nbytes: int, reuse_as: Sequence[str], changed_dirs: Set[Path]) -> Tuple[List[bytes], int]:
+    def _make_room(
+        self, nbytes: int, reuse_as: Sequence[str], changed_dirs: Set[Path], spares_taken: int = 0
+    ) -> Tuple[List[bytes], int]:
         """Evict objects in policy order until ``nbytes`` more fit. Lock held.
 
         The victims are chosen first; :attr:`evict_listener` hears all of them before any
@@ -571,7 +595,8 @@ class FilePerKeyBackend(StorageBackend):
         (the write's temporary names; a shard directory removed behind the store's back is
         made again here), to be overwritten in place (see :func:`fit_reused_file`); in
         "filesystem" mode it becomes a spare file (:meth:`_make_spare`) while the spares
-        hold less than ``nbytes``. The others are unlinked. A crash leaves a reused or spare
+        hold less than ``nbytes`` (besides the first ``spares_taken`` ready ones, which the
+        write takes). The others are unlinked. A crash leaves a reused or spare
         file under a temporary name, which recovery deletes: the victim is gone either way.
         In "file" mode the victims' directories are fsynced (side by side; one whose fsync
         fails by the next ``remove()``) before the lock is released; in "filesystem" mode
@@ -596,7 +621,7 @@ class FilePerKeyBackend(StorageBackend):
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
         reused = 0
-        spare_room = nbytes - sum(size for _, size in self._spares + self._unready_spares)
+        spare_room = nbytes - sum(size for _, size in self._spares[spares_taken:] + self._unready_spares)
         victim_dirs: Set[Path] = set()
         for key in evicted:
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
@@ -619,7 +644,7 @@ class FilePerKeyBackend(StorageBackend):
         if self.sync == "filesystem":
             # Made durable by the write's first syncfs (see _sync_batch), or by a remove()
             # that comes before it: its key may be one of these victims.
-            self._pending_dir_syncs |= victim_dirs
+            self._pending_dirs.update(victim_dirs)
             return evicted, reused
         # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
         # EMFILE (that takes the lock); one that fails is left to the next remove().
@@ -628,7 +653,7 @@ class FilePerKeyBackend(StorageBackend):
         for directory, sync in syncs.items():
             if sync.exception() is not None:
                 log.warning("gdskv: could not fsync %s after an eviction: %s", directory, sync.exception())
-                self._pending_dir_syncs.add(directory)
+                self._pending_dirs.add(directory)
         return evicted, reused
 
     def _move_file(self, path: Path, to: str, changed_dirs: Set[Path]) -> bool:
@@ -738,6 +763,13 @@ class FilePerKeyBackend(StorageBackend):
         assert self._sync_fd is not None
         try:
             syncfs(self._sync_fd)
+            # On a filesystem without a journal (ext2, ext4 without one), syncfs starts
+            # writing the metadata blocks (inodes, directories), flushes the device's cache,
+            # and only then waits for those writes (the kernel's sync_filesystem:
+            # sync_blockdev_nowait, ->sync_fs(wait), sync_blockdev): they may still sit in
+            # the cache. An fsync of the directory flushes it again, after them (ext4
+            # without a journal flushes on every fsync).
+            os.fsync(self._sync_fd)
         except OSError as exc:
             exc.filename = exc.filename or self._dir_str
             raise
@@ -790,39 +822,41 @@ class FilePerKeyBackend(StorageBackend):
         try:
             fsync_dir(parent)
         except OSError:
-            self._pending_dir_syncs.add(parent)  # fsynced by the next remove()
+            self._pending_dirs.add(parent)  # fsynced by the next remove()
 
     # ------------------------------------------------------------------ the rest
 
     def remove(self, key: bytes) -> bool:
         """Delete the file of ``key`` and fsync its directory; returns whether it was there.
 
-        A file that cannot be deleted raises IoError and the key stays. Directories whose
-        fsync failed before (here, or after an eviction or a dropped replica) are fsynced
-        first, so that a removal, or an eviction a later remove() relies on, is durable once
-        remove() returns."""
+        A file that cannot be deleted raises IoError and the key stays. Every directory whose
+        changes are not known to be durable (see :class:`PendingDirs`: an eviction waiting
+        for its write's syncfs, an fsync that failed here or after an eviction or a dropped
+        replica) is fsynced too, so that a removal, or an eviction a remove() relies on when
+        it finds a key absent, is durable once remove() returns; a remove() running at the
+        same time fsyncs them as well rather than count on this one."""
         with self._lock:
             self._check_open()
             found = key in self._objects
             try:
                 if found:
-                    self._pending_dir_syncs.add(self._unlink(key))
+                    self._pending_dirs.add(self._unlink(key))
                 elif key in self._undeleted:  # evicted, but its file is still there
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self._undeleted[key])
-                    self._pending_dir_syncs.add(self._undeleted.pop(key).parent)
+                    self._pending_dirs.add(self._undeleted.pop(key).parent)
             except OSError as exc:
                 raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
-            pending, self._pending_dir_syncs = self._pending_dir_syncs, set()
+            pending = self._pending_dirs.snapshot()
         if pending:
             try:
                 self._fsync_dirs(pending)
-            except (OSError, RuntimeError) as exc:
-                with self._lock:  # for the next remove() (an eviction may have added some meanwhile)
-                    self._pending_dir_syncs |= pending
+            except (OSError, RuntimeError) as exc:  # they stay pending, for the next remove()
                 if isinstance(exc, RuntimeError):  # the sync threads were shut down by close()
                     raise StoreClosedError("backend closed during remove()", path=str(self.dir)) from exc
                 raise IoError(f"could not make the removal durable: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
+            with self._lock:
+                self._pending_dirs.settle(pending)
         return found
 
     def check(self) -> List[bytes]:
@@ -903,6 +937,39 @@ class FilePerKeyBackend(StorageBackend):
             self._unready_spares.clear()
         self._syncer.shutdown(wait=True)
         self._locked_syncer.shutdown(wait=True)
+
+
+class PendingDirs:
+    """Directories whose changed entries (an unlink, an eviction's rename) are not known to be
+    durable, each with the number of its latest change. Callers hold the backend's lock.
+
+    A sync covers the changes made before it began: take a :meth:`snapshot` first, sync, then
+    :meth:`settle` it, which forgets only the directories no change reached meanwhile.
+    Nothing is forgotten before its sync ends, so a second caller (a remove() running beside
+    another) sees the directories still pending and syncs them itself."""
+
+    def __init__(self) -> None:
+        self._dirs: Dict[Path, int] = {}
+        self._changes = 0
+
+    def add(self, directory: Path) -> None:
+        self._changes += 1
+        self._dirs[directory] = self._changes
+
+    def update(self, directories: Iterable[Path]) -> None:
+        for directory in directories:
+            self.add(directory)
+
+    def snapshot(self) -> Dict[Path, int]:
+        return dict(self._dirs)
+
+    def settle(self, synced: Dict[Path, int]) -> None:
+        for directory, change in synced.items():
+            if self._dirs.get(directory) == change:
+                del self._dirs[directory]
+
+    def __len__(self) -> int:
+        return len(self._dirs)
 
 
 def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:

@@ -1072,7 +1072,7 @@ def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_pat
 
     keys = [k for k in (b"old%d" % i for i in range(100_000))][:20]
     size = record_size(len(keys[0]), 100)
-    backend = open_backend(tmp_path, direct_psync, capacity=20 * size)
+    backend = open_backend(tmp_path, direct_psync, capacity=20 * size, sync="file")
     backend.write(items({k: block(i, 100) for i, k in enumerate(keys)}))
     real = fpk.fsync_dir
     shared_busy = threading.Semaphore(0)
@@ -1088,7 +1088,7 @@ def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_pat
     state = {"remove": False}
     monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
     with backend._lock:
-        backend._pending_dir_syncs.update(tmp_path / "files" / a / b for a in "0123456789abcdef" for b in "01")
+        backend._pending_dirs.update(tmp_path / "files" / a / b for a in "0123456789abcdef" for b in "01")
     state["remove"] = True
     def remove():
         with contextlib.suppress(IoError):  # its fsyncs may fail (out of descriptors): not the point

@@ -1,6 +1,7 @@
-"""The file-per-key backend's "filesystem" sync mode: one syncfs(2) after a batch's data,
-one after its renames, and one after an eviction, in that order, and what a failure of each
-leaves behind. (Crashes with SIGKILL run in both modes in test_file_per_key.py.)"""
+"""The file-per-key backend's "filesystem" sync mode: one syncfs(2) after a batch's data and
+one after its renames, the spare files evictions leave to the next write, removes during an
+eviction, and what each failure leaves behind. (Crashes with SIGKILL run in both modes in
+test_file_per_key.py.)"""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def record_events(backend, monkeypatch):
     appended to the returned list (as a name, or ("replace", final path)) before it runs."""
     events = []
     real_syncfs, real_replace, real_submit = fpk.syncfs, os.replace, backend.engine.submit
-    real_fdatasync, real_fsync_dir = os.fdatasync, fpk.fsync_dir
+    real_fdatasync, real_fsync, real_fsync_dir = os.fdatasync, os.fsync, fpk.fsync_dir
     monkeypatch.setattr(fpk, "syncfs", lambda fd: (events.append("syncfs"), real_syncfs(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
     monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_fdatasync(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
     monkeypatch.setattr(fpk, "fsync_dir", lambda path: (events.append("fsync_dir"), real_fsync_dir(path))[1])
     monkeypatch.setattr(backend.engine, "submit", lambda requests: (events.append("submit"), real_submit(requests))[1])
     return events
@@ -38,7 +40,8 @@ def record_events(backend, monkeypatch):
 
 def test_a_write_syncs_the_filesystem_after_its_data_and_after_its_renames(tmp_path, direct_psync, monkeypatch):
     """The data of every file is durable before any rename names it, and the renames are
-    durable before write() returns: two syncfs calls, no per-file syncs."""
+    durable before write() returns: two syncfs calls, each followed by an fsync of the
+    store directory (a cache flush after every block the syncfs wrote), no per-file syncs."""
     backend = open_backend(tmp_path, direct_psync)
     values = {f"k{i}".encode(): block(i, 5000 + i) for i in range(5)}
     events = record_events(backend, monkeypatch)
@@ -47,7 +50,7 @@ def test_a_write_syncs_the_filesystem_after_its_data_and_after_its_renames(tmp_p
     renames = [("replace", str(backend.path_of(key))) for key in values]
     first_sync = events.index("syncfs")  # after the data's writes, submitted in groups
     assert first_sync >= 1 and set(events[:first_sync]) == {"submit"}
-    assert events[first_sync:] == ["syncfs", *renames, "syncfs"]
+    assert events[first_sync:] == ["syncfs", "fsync", *renames, "syncfs", "fsync"]
     assert backend.stats()["sync"] == "filesystem"
     backend.close()
     again = open_backend(tmp_path, direct_psync)
@@ -71,12 +74,14 @@ def test_evicted_files_become_spares_that_the_next_write_overwrites(tmp_path, di
     inode = os.stat(backend.path_of(b"k0")).st_ino
     events = record_events(backend, monkeypatch)
     assert backend.write(items({b"k2": block(2, size)})) == [b"k0"]
-    assert events == [("replace", spare_of(backend, b"k0", 0)), "submit", "syncfs", ("replace", str(backend.path_of(b"k2"))), "syncfs"]
+    synced_write = ["submit", "syncfs", "fsync", ("replace", str(backend.path_of(b"k2"))), "syncfs", "fsync"]
+    assert events == [("replace", spare_of(backend, b"k0", 0)), *synced_write]
     assert backend.stats()["spare_files"] == 1 and backend.stats()["files_reused"] == 0
     events.clear()
     cut = block(3, size - 9000)
     assert backend.write(items({b"k3": cut})) == [b"k1"]  # into k0's file
-    assert events == [("replace", spare_of(backend, b"k1", 1)), "submit", "syncfs", ("replace", str(backend.path_of(b"k3"))), "syncfs"]
+    synced_write = ["submit", "syncfs", "fsync", ("replace", str(backend.path_of(b"k3"))), "syncfs", "fsync"]
+    assert events == [("replace", spare_of(backend, b"k1", 1)), *synced_write]
     monkeypatch.undo()
     assert backend.stats()["files_reused"] == 1 and os.stat(backend.path_of(b"k3")).st_ino == inode
     assert os.path.getsize(backend.path_of(b"k3")) == record_size(2, len(cut))
@@ -225,3 +230,141 @@ def test_syncfs_reports_errors(tmp_path):
     with pytest.raises(OSError) as info:
         syncfs(fd)  # closed
     assert info.value.errno == errno.EBADF
+
+
+def spares_on_disk(root):
+    return sorted(str(p) for p in (root / "files").glob("*/*/spare-*.tmp"))
+
+
+def test_a_remove_beside_another_remove_still_waits_for_the_eviction_to_be_durable(tmp_path, direct_psync, monkeypatch):
+    """Two victims of one eviction, removed by two remove()s while the evicting write waits
+    at its first syncfs. The second remove() must not count on the first one's fsyncs, still
+    running: before, the first took the pending directories off the list, and the second
+    returned False before anything had made its victim's eviction durable."""
+    import threading
+
+    from gates import Gate
+    from test_file_per_key import keys_in_one_shard
+
+    a, b = keys_in_one_shard(2)
+    size = record_size(len(a), 1000)
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * size)
+    backend.write(items({a: block(1, 1000), b: block(2, 1000)}))
+    shard = str(backend.path_of(a).parent)
+    durable = []  # syncs that ended
+    real_syncfs, real_fsync_dir = fpk.syncfs, fpk.fsync_dir
+    write_gate = Gate(lambda fd: (real_syncfs(fd), durable.append("syncfs")))
+    monkeypatch.setattr(fpk, "syncfs", write_gate)
+    remove_gate = Gate(lambda path: (real_fsync_dir(path), durable.append(str(path))))  # the first remove's fsync
+    monkeypatch.setattr(fpk, "fsync_dir", remove_gate)
+    writer = threading.Thread(target=lambda: backend.write(items({b"x1": block(3, 1000), b"x2": block(4, 1000)})))
+    writer.start()
+    write_gate.wait_reached()  # a and b evicted, nothing synced yet
+    first = threading.Thread(target=lambda: backend.remove(a))
+    first.start()
+    remove_gate.wait_reached()
+    second = threading.Thread(target=lambda: (backend.remove(b), durable.append("second returned")))
+    second.start()
+    try:
+        second.join(0.5)
+        assert second.is_alive() or durable.index("second returned") > durable.index(shard)
+    finally:
+        remove_gate.open()
+        write_gate.open()
+        for thread in (first, second, writer):
+            thread.join(10)
+    assert durable.index("second returned") > durable.index(shard)
+    backend.close()
+
+
+def test_a_write_whose_eviction_fails_leaves_its_spares_to_the_next(tmp_path, direct_psync):
+    """The evict listener raises, so the write fails before any file goes: the ready spare
+    it was about to take stays listed (and is taken by the next write); before, it left the
+    list but not the disk, and close() left it behind."""
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    assert backend.write(items({b"k2": block(2, size)})) == [b"k0"]  # k0's file: a ready spare
+
+    def listener(keys):
+        raise RuntimeError("listener failed")
+
+    backend.evict_listener = listener
+    with pytest.raises(RuntimeError):
+        backend.write(items({b"k3": block(3, size)}))
+    backend.evict_listener = None
+    assert sorted(backend.keys()) == [b"k1", b"k2"]
+    assert backend.stats()["spare_files"] == len(spares_on_disk(tmp_path)) == 1
+    assert backend.write(items({b"k3": block(3, size)})) == [b"k1"]
+    assert backend.stats()["files_reused"] == 1 and read(backend, b"k3", size) == block(3, size)
+    assert backend.stats()["spare_files"] == len(spares_on_disk(tmp_path)) == 1
+    backend.close()
+    assert spares_on_disk(tmp_path) == []
+
+
+def test_a_write_that_fails_after_taking_a_spare_deletes_it(tmp_path, direct_psync, monkeypatch):
+    """The write took a ready spare and fails at its first syncfs: the spare it wrote into is
+    deleted, the records on disk are what the index counts, and the next write works."""
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    backend.write(items({b"k2": block(2, size)}))  # k0's file: a ready spare
+    taken = spares_on_disk(tmp_path)
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fpk, "syncfs", failing)
+    with pytest.raises(IoError):
+        backend.write(items({b"k3": block(3, size)}))  # takes k0's spare, evicts k1
+    monkeypatch.undo()
+    assert not set(taken) & set(spares_on_disk(tmp_path))
+    assert backend.stats()["spare_files"] == len(spares_on_disk(tmp_path))
+    records = [f for f in all_files(tmp_path / "files") if f.endswith(".rec")]
+    assert backend.used_bytes == sum(os.path.getsize(f) for f in records)
+    backend.write(items({b"k3": block(3, size)}))
+    assert read(backend, b"k3", size) == block(3, size)
+    backend.close()
+
+
+def test_a_spare_deleted_behind_the_stores_back_is_replaced_by_a_new_file(tmp_path, direct_psync):
+    import shutil
+
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    backend.write(items({b"k2": block(2, size)}))  # k0's file: a ready spare
+    (spare,) = spares_on_disk(tmp_path)
+    shutil.rmtree(os.path.dirname(os.path.dirname(spare)))  # its shard, with it
+    assert backend.write(items({b"k3": block(3, size)})) == [b"k1"]
+    assert backend.stats()["files_reused"] == 0
+    assert read(backend, b"k3", size) == block(3, size) and read(backend, b"k2", size) == block(2, size)
+    backend.close()
+    again = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    assert sorted(again.keys()) == [b"k2", b"k3"]
+    again.close()
+
+
+def test_a_failed_evicting_write_still_makes_its_evictions_durable(tmp_path, direct_psync, monkeypatch):
+    """The write that evicted k0 fails before its first syncfs: before it raises, it fsyncs
+    the victims' directories (best effort), so the eviction a later lookup() shows (k0
+    absent) holds after a crash; a later remove() has nothing left to sync."""
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend.write(items({b"k0": block(0, size)}))
+    shard = str(backend.path_of(b"k0").parent)
+    synced = []
+    real_fsync_dir = fpk.fsync_dir
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fpk, "syncfs", failing)
+    with pytest.raises(IoError):
+        backend.write(items({b"k1": block(1, size)}))
+    assert backend.lookup(b"k0") is None and shard in synced
+    synced.clear()
+    assert not backend.remove(b"k0") and synced == []
+    monkeypatch.undo()
+    backend.close()
