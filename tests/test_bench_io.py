@@ -54,6 +54,19 @@ def test_bench_io_prints_every_engine_backend_and_size(tmp_path):
         assert "# psync runs at most 4 4 KiB reads at a time here" in out and "Against fio's psync engine with 4 jobs" in out
 
 
+def test_a_sync_variant_of_file_per_key_gets_its_own_large_object_rows(tmp_path):
+    """``file_per_key/file`` is file_per_key syncing file by file: its writes and reads of
+    large objects get rows of their own; its 4 KiB reads would be file_per_key's, so it has
+    none (and keeps no second 4 KiB data set open)."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
+    out = run_bench(tmp_path, env, engines="psync", extra=("--backends", "file_per_key,file_per_key/file"))
+    rows = table_rows(out)
+    assert {r[1] for r in rows} == {"file_per_key", "file_per_key/file"}
+    variant = [r for r in rows if r[1] == "file_per_key/file"]
+    assert len(variant) == 3 and not [r for r in variant if "rand" in r]
+    assert len([r for r in rows if r[1] == "file_per_key"]) == 4
+
+
 def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):
     """fio on 4 KiB pages is slower than the device here: a target checked against it
     would flatter gdskv."""
