@@ -119,9 +119,10 @@ class StoreConfig:
     #: file) or "file_per_key" (one file per object, for debugging). Default "bucket".
     backend: str = "bucket"
     #: How the "file_per_key" backend makes a write's files durable: "filesystem" (one
-    #: syncfs(2) after the data, one after the renames: two device cache flushes a batch;
-    #: it also writes back whatever else is dirty on that filesystem) or "file" (an
-    #: fdatasync per file and an fsync per directory, side by side). Default "filesystem".
+    #: syncfs(2) after the data, one after the renames: the same few device cache flushes
+    #: a batch, whatever its number of files; it also writes back whatever else is dirty on
+    #: that filesystem) or "file" (an fdatasync per file and an fsync per directory, side
+    #: by side). Default "filesystem".
     file_per_key_sync: str = "filesystem"
     #: I/O engine that moves bytes to and from NVMe: "auto" (io_uring when this machine
     #: allows it, else psync; stats() says which and why), "uring" or "psync". Default "auto".

@@ -34,6 +34,7 @@ def test_format_size():
         ({"offload": "lazy"}, "eager, watermark"),
         ({"backend": "rocksdb"}, "valid"),
         ({"io_engine": "spdk"}, "valid"),
+        ({"file_per_key_sync": "fsync"}, "filesystem, file"),
         ({"low_watermark": 0.95, "high_watermark": 0.9}, "watermarks"),
         ({"dram_bytes": 0}, "at least 64 bytes"),
         ({"io_threads": 0}, "positive"),
@@ -58,6 +59,7 @@ def test_config_is_frozen_and_keyword_only():
 def test_env_overrides_and_precedence(tmp_path, monkeypatch):
     env = {"GDSKV_DRAM": "8MiB", "GDSKV_OFFLOAD": "watermark", "GDSKV_IO_THREADS": "2"}
     assert env_overrides(env) == {"dram_bytes": 8 * MiB, "offload": "watermark", "io_threads": 2}
+    assert env_overrides({"GDSKV_FILE_PER_KEY_SYNC": "file"}) == {"file_per_key_sync": "file"}
     with pytest.raises(ConfigError):
         env_overrides({"GDSKV_IO_THREADS": "many"})
     for k, v in env.items():

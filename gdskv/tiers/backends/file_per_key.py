@@ -18,10 +18,11 @@ earlier versions) are moved to their place.
 A write makes each file under a temporary name (through the I/O engine, ``O_DIRECT`` where
 allowed), makes it durable, renames it into place and makes the renames durable; only then
 does the write return. By default (``sync="filesystem"``) each of those two steps is one
-``syncfs(2)`` for the whole batch: a single flush of the device's cache, where syncing file
-by file (``sync="file"``: each file fdatasynced as soon as its own write completes, then
-every directory whose entries changed fsynced, side by side on a few threads) costs one
-flush per file on a filesystem without a journal.
+``syncfs(2)`` for the whole batch (then an fsync of the store directory: see
+:meth:`FilePerKeyBackend._syncfs`), so a batch flushes the device's cache a fixed number of
+times, where syncing file by file (``sync="file"``: each file fdatasynced as soon as its own
+write completes, then every directory whose entries changed fsynced, side by side on a few
+threads) costs a flush per file on a filesystem without a journal.
 Recovery deletes leftover temporary files and drops record files whose header, checksum or
 name does not match their content (files of other names, and any file outside the shard
 directories of either layout, are left alone). ``remove`` unlinks the file and fsyncs its
@@ -123,9 +124,9 @@ class FilePerKeyBackend(StorageBackend):
 
         ``sync``: how a write makes its files durable. ``"filesystem"`` (the default): one
         ``syncfs(2)`` once the batch's data is written, the renames, and one more, so a
-        batch costs two flushes of the device's cache whatever its number of files; it also
-        writes back whatever else is dirty on that filesystem, which costs nothing on a
-        disk the store has to itself. ``"file"``: an fdatasync per file and an fsync per
+        batch costs the same few flushes of the device's cache whatever its number of files;
+        it also writes back whatever else is dirty on that filesystem, which costs nothing
+        on a disk the store has to itself. ``"file"``: an fdatasync per file and an fsync per
         changed directory, side by side, which touches nothing else. Where ``syncfs`` is not
         available, ``"filesystem"`` falls back to ``"file"`` (logged; ``stats()`` shows the
         mode in use)."""
@@ -154,8 +155,9 @@ class FilePerKeyBackend(StorageBackend):
         #: from several threads must not let one write's eviction take another's new file,
         #: nor two writes of a key share its temporary name). close() waits for it.
         self._wlock = threading.Lock()
-        #: Directories a remove, an eviction or a dropped replica deleted a file from and
-        #: could not fsync: the next remove() fsyncs them before it returns (lock held).
+        #: Directories whose changes are not known to be durable: an eviction's, until its
+        #: write's first syncfs ("filesystem" mode), and those a remove, an eviction or a
+        #: dropped replica could not fsync. A remove() fsyncs them before it returns (lock held).
         self._pending_dirs = PendingDirs()
         #: Files of evicted objects that could not be deleted (EIO, EROFS, an immutable
         #: file), by key: no longer indexed, but a reopen would find them and bring the key
@@ -967,9 +969,6 @@ class PendingDirs:
         for directory, change in synced.items():
             if self._dirs.get(directory) == change:
                 del self._dirs[directory]
-
-    def __len__(self) -> int:
-        return len(self._dirs)
 
 
 def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
