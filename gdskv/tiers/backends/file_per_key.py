@@ -374,7 +374,8 @@ class FilePerKeyBackend(StorageBackend):
         the paths never disagree: a read, an eviction, a remove or a check always finds at
         a key's path the file its index entry describes. The new values are readable from
         then on, before the syncs that make the renames durable end (the write returns
-        after those)."""
+        after those). A shard directory removed behind the store's back is made again by
+        the write that needs it."""
         if not items:
             return []
         with self._wlock:
@@ -401,12 +402,12 @@ class FilePerKeyBackend(StorageBackend):
                 reused = min(len(self._spares), len(tmps))
                 evicted, _ = self._make_room(sum(sizes), (), changed_dirs, spares_taken=reused)
                 self._take_spares(tmps, reused)
-            self.counters["files_reused"] += reused
             first_seq = self._next_seq
             self._next_seq += len(items)
             self._used += sum(sizes)  # reserved; released if the write fails
         entries: List[IndexEntry] = []
         fds: List[int] = []  # fds[i]: item i's file, open (under tmps[i] until renamed)
+        overwrote: List[bool] = []  # overwrote[i]: item i's file is an evicted one (reused)
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
         heads = HeadBlocks(len(key) for key, _, _ in items)
@@ -424,6 +425,7 @@ class FilePerKeyBackend(StorageBackend):
                     reusing = False
                     fd = self._create_file(tmps[i], changed_dirs)
                 fds.append(fd)
+                overwrote.append(reusing)
                 if reusing:
                     fit_reused_file(fd, sizes[i])  # the record covers every byte
                 else:
@@ -453,10 +455,11 @@ class FilePerKeyBackend(StorageBackend):
             with self._lock:
                 try:
                     for tmp, final in zip(tmps, finals):
-                        os.replace(tmp, final)
+                        self._rename_into_place(tmp, final, changed_dirs)
                         renamed += 1
                 finally:  # what was renamed is what its path holds now: the index takes it
                     self._index(entries[:renamed], fds[:renamed], finals, sizes)
+                    self.counters["files_reused"] += sum(overwrote[:renamed])
             if per_file:
                 self._fsync_dirs({Path(f).parent for f in finals} | changed_dirs | self._unsynced_dirs)
             else:
@@ -522,9 +525,21 @@ class FilePerKeyBackend(StorageBackend):
         except FileNotFoundError:
             log.warning("gdskv: reused file %s is gone; creating a new file instead", tmps[i])
             tmps[i] = finals[i] + TMP_SUFFIX
-            with self._lock:
-                self.counters["files_reused"] -= 1
             return None
+
+    def _rename_into_place(self, tmp: str, final: str, changed_dirs: Set[Path]) -> None:
+        """Rename the written file ``tmp`` to ``final``. A spare lives in another shard
+        than its new object's: when that object's shard directory was removed behind the
+        store's back, it is made again here (see :meth:`_make_shard`). Lock held; raises
+        OSError."""
+        try:
+            os.replace(tmp, final)
+        except FileNotFoundError:
+            shard = Path(final).parent
+            if shard.is_dir():
+                raise
+            self._make_shard(shard, changed_dirs)
+            os.replace(tmp, final)
 
     def _take_spares(self, tmps: List[str], count: int) -> None:
         """Make the first ``count`` ready spare files the temporary files of the first items
@@ -601,7 +616,8 @@ class FilePerKeyBackend(StorageBackend):
         write takes). The others are unlinked. A crash leaves a reused or spare
         file under a temporary name, which recovery deletes: the victim is gone either way.
         In "file" mode the victims' directories are fsynced (side by side; one whose fsync
-        fails by the next ``remove()``) before the lock is released; in "filesystem" mode
+        fails by the next ``remove()``, and then no victim's file is reused: they are
+        deleted) before the lock is released; in "filesystem" mode
         they wait for the write's first syncfs, and a ``remove()`` before it fsyncs them
         itself. Either way a ``remove()`` that finds a victim absent returns only once the
         victim cannot come back after a crash, and no reused file takes new bytes while its
@@ -652,10 +668,16 @@ class FilePerKeyBackend(StorageBackend):
         # EMFILE (that takes the lock); one that fails is left to the next remove().
         syncs = {d: self._locked_syncer.submit(fsync_dir, d) for d in victim_dirs}
         concurrent.futures.wait(list(syncs.values()))
+        failed = False
         for directory, sync in syncs.items():
             if sync.exception() is not None:
                 log.warning("gdskv: could not fsync %s after an eviction: %s", directory, sync.exception())
                 self._pending_dirs.add(directory)
+                failed = True
+        if failed and reused:  # a victim's old name may still name its file: none takes new bytes
+            for tmp in reuse_as[:reused]:
+                unlink_quietly(tmp)
+            reused = 0
         return evicted, reused
 
     def _move_file(self, path: Path, to: str, changed_dirs: Set[Path]) -> bool:
@@ -777,8 +799,10 @@ class FilePerKeyBackend(StorageBackend):
             raise
 
     def _fsync_dir(self, path: Path) -> None:
-        """fsync a directory (see :meth:`_with_descriptors`); the lock is not held."""
-        self._with_descriptors(fsync_dir, path, lock_held=False)
+        """fsync a directory (see :meth:`_with_descriptors`); the lock is not held. One that
+        is gone (a shard removed behind the store's back) has nothing left to sync."""
+        with contextlib.suppress(FileNotFoundError):
+            self._with_descriptors(fsync_dir, path, lock_held=False)
 
     def _fsync_dirs(self, paths: Iterable[Path]) -> None:
         """fsync directories side by side on the sync threads; raise the first OSError once

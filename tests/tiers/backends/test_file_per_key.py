@@ -938,6 +938,9 @@ def test_an_eviction_whose_directory_fsync_fails_is_made_durable_by_the_next_rem
 
     monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
     assert backend.write(items({b"k1": block(1, size)})) == [b"k0"]
+    # k0's old name may still name its file after a crash: the write did not take that file
+    assert backend.stats()["files_reused"] == 0 and read(backend, b"k1", size) == block(1, size)
+    assert not [f for f in all_files(tmp_path / "files") if f.endswith(".tmp")]
     with pytest.raises(IoError):
         backend.remove(b"k0")
     failing[0] = False

@@ -318,6 +318,7 @@ def test_a_write_that_fails_after_taking_a_spare_deletes_it(tmp_path, direct_psy
     with pytest.raises(IoError):
         backend.write(items({b"k3": block(3, size)}))  # takes k0's spare, evicts k1
     monkeypatch.undo()
+    assert backend.stats()["files_reused"] == 0  # no record came of it
     assert not set(taken) & set(spares_on_disk(tmp_path))
     assert backend.stats()["spare_files"] == len(spares_on_disk(tmp_path))
     records = [f for f in all_files(tmp_path / "files") if f.endswith(".rec")]
@@ -367,4 +368,52 @@ def test_a_failed_evicting_write_still_makes_its_evictions_durable(tmp_path, dir
     synced.clear()
     assert not backend.remove(b"k0") and synced == []
     monkeypatch.undo()
+    backend.close()
+
+
+def test_a_spare_renamed_into_a_removed_shard_makes_the_shard_again(tmp_path, direct_psync):
+    """A spare lives in its victim's shard. When the new object's shard directory was
+    removed behind the store's back, the write makes it again at the rename, as a write that
+    creates its file does (before, the rename failed, and so did every retry, each taking the
+    next spare)."""
+    import shutil
+
+    from gdskv.tiers.backends.file_per_key import file_name
+
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
+    backend.write(items({b"k2": block(2, size)}))  # k0's file: a ready spare
+    taken = {file_name(k)[:2] for k in (b"k0", b"k1", b"k2")}
+    new = next(k for k in (b"n%d" % i for i in range(10_000)) if file_name(k)[:2] not in taken)
+    shutil.rmtree(backend.path_of(new).parent)
+    assert backend.write(items({new: block(3, size)})) == [b"k1"]
+    assert backend.stats()["files_reused"] == 1 and read(backend, new, size) == block(3, size)
+    backend.close()
+    again = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
+    assert sorted(again.keys()) == sorted([b"k2", new])
+    again.close()
+
+
+def test_a_pending_directory_removed_behind_the_stores_back_has_nothing_to_sync(tmp_path, direct_psync, monkeypatch):
+    """An eviction's directory stays pending (its write failed before its syncfs); then the
+    shard is removed behind the store's back. A remove() finds nothing to fsync there and
+    returns: before, every remove() raised (ENOENT) until a write's syncfs settled it."""
+    import shutil
+
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend.write(items({b"k0": block(0, size)}))
+    shard = backend.path_of(b"k0").parent
+
+    def failing(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fpk, "syncfs", failing)
+    monkeypatch.setattr(fpk, "fsync_dir", failing)
+    with pytest.raises(IoError):
+        backend.write(items({b"k1": block(1, size)}))  # evicts k0; nothing could sync
+    monkeypatch.undo()
+    shutil.rmtree(shard)
+    assert not backend.remove(b"k0")
     backend.close()
