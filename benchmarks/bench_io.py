@@ -556,7 +556,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         for op, value in peer.items():
                             add(("fio", op, size), value)  # type: ignore[arg-type]
                     engine = engines[engine_name]
-                    work = base / f"{engine_name}-{backend_name}"
+                    work = base / f"{engine_name}-{backend_name.replace('/', '-')}"  # (a variant's name has a /)
                     backend = open_backend(backend_name, work, engine, capacity)
                     try:
                         add_paired((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes), peer["write"])

@@ -65,6 +65,7 @@ def test_a_sync_variant_of_file_per_key_gets_its_own_large_object_rows(tmp_path)
     variant = [r for r in rows if r[1] == "file_per_key/file"]
     assert len(variant) == 3 and not [r for r in variant if "rand" in r]
     assert len([r for r in rows if r[1] == "file_per_key"]) == 4
+    assert not list((tmp_path / "bench").iterdir())  # the given --dir is left as it was: empty
 
 
 def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):
