@@ -173,6 +173,13 @@ class FilePerKeyBackend(StorageBackend):
         self._spares: List[Tuple[str, int]] = []
         self._unready_spares: List[Tuple[str, int]] = []
         self._spares_made = 0
+        #: "filesystem" mode: the objects the write in progress evicted whose files it has
+        #: not yet made spares or deleted, by key: (path, record bytes, whether no read was
+        #: using it). The write does that once its writes are submitted, so the device works
+        #: meanwhile (:meth:`_settle_evicted_files`); a remove() of such a key deletes its
+        #: file itself. ``_spare_room``: the bytes of spares the write may still make.
+        self._evicted_files: Dict[bytes, Tuple[str, int, bool]] = {}
+        self._spare_room = 0
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         #: The same for an eviction's directory fsyncs, which a write waits for holding the
@@ -437,6 +444,9 @@ class FilePerKeyBackend(StorageBackend):
                 if group_bytes >= SUBMIT_BYTES or i == 0 or i == len(items) - 1:
                     submitted.append((self.engine.submit(requests[group_start:]), group_start))
                     group_start, group_bytes = len(requests), 0
+            if self._evicted_files:  # while the device works
+                with self._lock:
+                    self._settle_evicted_files()
             # "file": each file is fdatasynced as soon as its write completes, while the
             # others are still being written, and the syncs run side by side.
             # "filesystem": one syncfs once every write has completed.
@@ -467,6 +477,9 @@ class FilePerKeyBackend(StorageBackend):
             self._unsynced_dirs.clear()
             written_ok = True
         except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
+            if self._evicted_files:
+                with self._lock:
+                    self._settle_evicted_files()
             for future, _ in submitted:  # nothing may still write from or into a file we drop
                 future.outcomes()
             concurrent.futures.wait(syncs)
@@ -548,10 +561,24 @@ class FilePerKeyBackend(StorageBackend):
             tmps[i] = self._spares[i][0]
         del self._spares[:count]
 
-    def _make_spare(self, path: Path, nbytes: int) -> bool:
+    def _settle_evicted_files(self) -> None:
+        """Make the files of the objects this write evicted spares (while the spares hold
+        less than the write's bytes, besides the ones it takes, and the file is not in use
+        and has no other name) or delete them; their directories wait, as pending ones, for
+        the write's first syncfs (see :class:`PendingDirs`). Lock held."""
+        for key, (path, size, unused) in self._evicted_files.items():
+            if unused and self._spare_room > 0 and _only_name(path) and self._make_spare(path, size):
+                self._spare_room -= size
+            elif not _delete(path):
+                log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
+                self._undeleted[key] = Path(path)
+            self._pending_dirs.add(Path(os.path.dirname(path)))
+        self._evicted_files.clear()
+
+    def _make_spare(self, path: str, nbytes: int) -> bool:
         """Rename the evicted file ``path`` (``nbytes`` long) to a spare name in its own
         directory; returns whether it was renamed. Lock held."""
-        spare = f"{path.parent}/{SPARE_PREFIX}{self._spares_made}{TMP_SUFFIX}"
+        spare = f"{os.path.dirname(path)}/{SPARE_PREFIX}{self._spares_made}{TMP_SUFFIX}"
         try:
             os.replace(path, spare)
         except OSError:
@@ -639,18 +666,19 @@ class FilePerKeyBackend(StorageBackend):
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
         reused = 0
-        spare_room = nbytes - sum(size for _, size in self._spares[spares_taken:] + self._unready_spares)
+        self._spare_room = nbytes - sum(size for _, size in self._spares[spares_taken:] + self._unready_spares)
         victim_dirs: Set[Path] = set()
         for key in evicted:
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
             size = record_size(len(key), self._objects[key].value_len)
-            path = self._drop_entry(key)
+            self._drop_entry(key)
+            if self.sync == "filesystem":  # its file: once the write's data is on its way
+                self._evicted_files[key] = (self.path_str(key), size, not in_use)
+                continue
+            path = self.path_of(key)
             victim_dirs.add(path.parent)
-            reusable = not in_use and _only_name(path)
-            if reusable and reused < len(reuse_as) and self._move_file(path, reuse_as[reused], changed_dirs):
+            if not in_use and reused < len(reuse_as) and _only_name(path) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
-            elif reusable and self.sync == "filesystem" and spare_room > 0 and self._make_spare(path, size):
-                spare_room -= size
             elif not _delete(path):
                 log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
                 self._undeleted[key] = path
@@ -661,7 +689,7 @@ class FilePerKeyBackend(StorageBackend):
         self.counters["objects_evicted"] += len(evicted)
         if self.sync == "filesystem":
             # Made durable by the write's first syncfs (see _sync_batch), or by a remove()
-            # that comes before it: its key may be one of these victims.
+            # that comes before it.
             self._pending_dirs.update(victim_dirs)
             return evicted, reused
         # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
@@ -695,14 +723,13 @@ class FilePerKeyBackend(StorageBackend):
             return False
         return True
 
-    def _drop_entry(self, key: bytes) -> Path:
-        """Forget ``key`` (index, policy, bytes used, cached descriptor). Lock held.
-        Returns the path of its file, which the caller deletes or reuses."""
+    def _drop_entry(self, key: bytes) -> None:
+        """Forget ``key`` (index, policy, bytes used, cached descriptor); the caller deletes
+        or reuses its file. Lock held."""
         entry = self._objects.pop(key)
         self._policy.remove(key)
         self._used -= record_size(len(key), entry.value_len)
         self._open.discard(key)
-        return self.path_of(key)
 
     def _unlink(self, key: bytes) -> Path:
         """Delete the file of ``key``, then forget it. Lock held. Returns the file's
@@ -871,6 +898,12 @@ class FilePerKeyBackend(StorageBackend):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self._undeleted[key])
                     self._pending_dirs.add(self._undeleted.pop(key).parent)
+                elif key in self._evicted_files:  # evicted by the write in progress, its file not yet handled
+                    path = self._evicted_files[key][0]
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                    del self._evicted_files[key]
+                    self._pending_dirs.add(Path(os.path.dirname(path)))
             except OSError as exc:
                 raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
             pending = self._pending_dirs.snapshot()
@@ -1002,7 +1035,7 @@ def _wait_all(futures: Sequence["concurrent.futures.Future[None]"]) -> None:
         future.result()
 
 
-def _delete(path: Path) -> bool:
+def _delete(path: "str | Path") -> bool:
     """Unlink ``path``; whether it is gone (a file already gone is)."""
     try:
         os.unlink(path)
@@ -1013,7 +1046,7 @@ def _delete(path: Path) -> bool:
     return True
 
 
-def _only_name(path: Path) -> bool:
+def _only_name(path: "str | Path") -> bool:
     """Whether ``path`` is a regular file that no other name links to: only such a victim's
     file may be overwritten in place for a new object (a hard-linked copy of the store, or
     a record that is a symlink to a file elsewhere, must not take another key's bytes)."""

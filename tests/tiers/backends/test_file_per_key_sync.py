@@ -64,24 +64,25 @@ def spare_of(backend, victim: bytes, n: int) -> str:
 
 
 def test_evicted_files_become_spares_that_the_next_write_overwrites(tmp_path, direct_psync, monkeypatch):
-    """A write's victims are renamed to spare names (not synced on their own: the write's
-    syncfs covers them). The next write, after that syncfs, overwrites a spare in place as
-    its new object's file, cut or grown to size, so no file is created. Spares go at close,
-    and at open without counting as torn writes."""
+    """A write's victims are renamed to spare names once its data is submitted (the device
+    works meanwhile), and not synced on their own: the write's syncfs covers them. The next
+    write, after that syncfs, overwrites a spare in place as its new object's file, cut or
+    grown to size, so no file is created. Spares go at close, and at open without counting
+    as torn writes."""
     size = 50_000
     backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
     backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
     inode = os.stat(backend.path_of(b"k0")).st_ino
     events = record_events(backend, monkeypatch)
     assert backend.write(items({b"k2": block(2, size)})) == [b"k0"]
-    synced_write = ["submit", "syncfs", "fsync", ("replace", str(backend.path_of(b"k2"))), "syncfs", "fsync"]
-    assert events == [("replace", spare_of(backend, b"k0", 0)), *synced_write]
+    spared = ("replace", spare_of(backend, b"k0", 0))
+    assert events == ["submit", spared, "syncfs", "fsync", ("replace", str(backend.path_of(b"k2"))), "syncfs", "fsync"]
     assert backend.stats()["spare_files"] == 1 and backend.stats()["files_reused"] == 0
     events.clear()
     cut = block(3, size - 9000)
     assert backend.write(items({b"k3": cut})) == [b"k1"]  # into k0's file
-    synced_write = ["submit", "syncfs", "fsync", ("replace", str(backend.path_of(b"k3"))), "syncfs", "fsync"]
-    assert events == [("replace", spare_of(backend, b"k1", 1)), *synced_write]
+    spared = ("replace", spare_of(backend, b"k1", 1))
+    assert events == ["submit", spared, "syncfs", "fsync", ("replace", str(backend.path_of(b"k3"))), "syncfs", "fsync"]
     monkeypatch.undo()
     assert backend.stats()["files_reused"] == 1 and os.stat(backend.path_of(b"k3")).st_ino == inode
     assert os.path.getsize(backend.path_of(b"k3")) == record_size(2, len(cut))
@@ -416,4 +417,79 @@ def test_a_pending_directory_removed_behind_the_stores_back_has_nothing_to_sync(
     monkeypatch.undo()
     shutil.rmtree(shard)
     assert not backend.remove(b"k0")
+    backend.close()
+
+
+def test_a_remove_of_a_victim_whose_file_the_write_has_not_handled_yet_deletes_it(tmp_path, direct_psync, monkeypatch):
+    """The write has evicted k0 but not yet made its file a spare (it does that once its own
+    writes are submitted). A remove() of k0 then deletes the file itself and fsyncs its
+    directory before it returns False; the write makes no spare of it."""
+    import threading
+
+    from gates import Gate
+
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend.write(items({b"k0": block(0, size)}))
+    victim = backend.path_of(b"k0")
+    gate = Gate(backend.engine.submit)  # the write's first submit: k0 evicted, its file untouched
+    monkeypatch.setattr(backend.engine, "submit", gate)
+    real_fsync_dir = fpk.fsync_dir
+    synced = []
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
+    writer = threading.Thread(target=lambda: backend.write(items({b"k1": block(1, size)})))
+    writer.start()
+    try:
+        gate.wait_reached()
+        assert victim.exists()
+        assert not backend.remove(b"k0")
+        assert not victim.exists() and str(victim.parent) in synced
+    finally:
+        gate.open()
+        writer.join(10)
+    monkeypatch.undo()
+    assert backend.keys() == [b"k1"] and backend.stats()["spare_files"] == 0
+    assert spares_on_disk(tmp_path) == []
+    backend.close()
+
+
+def test_a_spare_made_after_a_remove_settled_its_directory_is_synced_by_the_next_remove(tmp_path, direct_psync, monkeypatch):
+    """A remove() of another key fsyncs the victim's directory before the write has made the
+    victim's file a spare; the rename to the spare name comes after. A remove() of the
+    victim before the write's syncfs must fsync that directory again: the rename is a change
+    the first fsync did not cover."""
+    import threading
+
+    from gates import Gate
+    from test_file_per_key import keys_in_one_shard
+
+    victim, other = keys_in_one_shard(2)
+    size = record_size(len(victim), 1000)
+    backend = open_backend(tmp_path, direct_psync, capacity=2 * size)
+    backend.write(items({victim: block(1, 1000)}))
+    backend.write(items({other: block(2, 1000)}))
+    shard = str(backend.path_of(victim).parent)
+    submit_gate = Gate(backend.engine.submit)
+    monkeypatch.setattr(backend.engine, "submit", submit_gate)
+    sync_gate = Gate(fpk.syncfs)
+    monkeypatch.setattr(fpk, "syncfs", sync_gate)
+    real_fsync_dir = fpk.fsync_dir
+    synced = []
+    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
+    writer = threading.Thread(target=lambda: backend.write(items({b"new": block(3, 1000)})))
+    writer.start()
+    try:
+        submit_gate.wait_reached()  # the victim evicted; its file not yet a spare
+        assert backend.remove(other) and shard in synced
+        submit_gate.open()
+        sync_gate.wait_reached()  # its file is a spare now; the write's syncfs not yet done
+        assert backend.stats()["spare_files"] == 1
+        synced.clear()
+        assert not backend.remove(victim) and shard in synced
+    finally:
+        submit_gate.open()
+        sync_gate.open()
+        writer.join(10)
+    monkeypatch.undo()
+    assert backend.keys() == [b"new"]
     backend.close()
