@@ -32,8 +32,9 @@ Writes into a full tier overwrite evicted files in place (:func:`fit_reused_file
 of creating files, as the bucket backend does, but never one a read is using. In "file"
 mode a write takes its own victims' files as its temporary files, once their directories
 are fsynced. In "filesystem" mode its victims' files are renamed to spare names
-(``<shard>/spare-<n>.tmp``) and the *next* write takes them, since the first syncfs of
-this one has made those renames durable by then: no eviction waits for a sync of its own.
+(``<shard>/spare-<n>.tmp``) once its own writes are submitted, and the *next* write takes
+them, since the first syncfs of this one has made those renames durable by then: no
+eviction waits for a sync of its own.
 The spares take at most about one write's bytes of disk beyond the cap (``spare_bytes`` in
 :meth:`stats`); close() deletes them, and so does an open, as temporary files.
 
