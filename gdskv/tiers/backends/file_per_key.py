@@ -174,13 +174,11 @@ class FilePerKeyBackend(StorageBackend):
         self._spares: List[Tuple[str, int]] = []
         self._unready_spares: List[Tuple[str, int]] = []
         self._spares_made = 0
-        #: "filesystem" mode: the objects the write in progress evicted whose files it has
-        #: not yet made spares or deleted, by key: (path, record bytes, whether no read was
-        #: using it). The write does that once its writes are submitted, so the device works
-        #: meanwhile (:meth:`_settle_evicted_files`); a remove() of such a key deletes its
-        #: file itself. ``_spare_room``: the bytes of spares the write may still make.
-        self._evicted_files: Dict[bytes, Tuple[str, int, bool]] = {}
-        self._spare_room = 0
+        #: "filesystem" mode: the objects the write in progress evicted whose files are to
+        #: become spares, by key: (path, record bytes). The write renames them once its
+        #: writes are submitted, so the device works meanwhile (:meth:`_settle_evicted_files`);
+        #: a remove() of such a key deletes its file itself (lock held).
+        self._evicted_files: Dict[bytes, Tuple[str, int]] = {}
         #: Threads that run a batch's fsyncs side by side (each mostly waits on the device).
         self._syncer = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="gdskv-fsync")
         #: The same for an eviction's directory fsyncs, which a write waits for holding the
@@ -418,10 +416,11 @@ class FilePerKeyBackend(StorageBackend):
         overwrote: List[bool] = []  # overwrote[i]: item i's file is an evicted one (reused)
         submitted: List[Tuple[IoFuture, int]] = []  # (future, index of its first request)
         syncs: List["concurrent.futures.Future[None]"] = []
-        heads = HeadBlocks(len(key) for key, _, _ in items)
+        heads: Optional[HeadBlocks] = None
         renamed = 0  # files renamed into place: from then on they are what the paths hold
         written_ok = False
         try:
+            heads = HeadBlocks(len(key) for key, _, _ in items)  # (may fail: MemoryError)
             # Files are created and their writes submitted a group at a time, so the device
             # is busy with one group while the next one's files are created.
             requests: List[IoRequest] = []
@@ -505,7 +504,8 @@ class FilePerKeyBackend(StorageBackend):
                 raise
             raise IoError(f"record file write failed: {exc.strerror}", path=str(exc.filename or self.dir), errno=exc.errno) from exc
         finally:
-            heads.close()
+            if heads is not None:
+                heads.close()
             if not written_ok:
                 for fd in fds[renamed:]:  # the others belong to the index now
                     os.close(fd)
@@ -563,13 +563,12 @@ class FilePerKeyBackend(StorageBackend):
         del self._spares[:count]
 
     def _settle_evicted_files(self) -> None:
-        """Make the files of the objects this write evicted spares (while the spares hold
-        less than the write's bytes, besides the ones it takes, and the file is not in use
-        and has no other name) or delete them; their directories wait, as pending ones, for
-        the write's first syncfs (see :class:`PendingDirs`). Lock held."""
-        for key, (path, size, unused) in self._evicted_files.items():
-            if unused and self._spare_room > 0 and _only_name(path) and self._make_spare(path, size):
-                self._spare_room -= size
+        """Make the files :meth:`_make_room` chose for spares spares (or delete one that has
+        another name); their directories wait, as pending ones, for the write's first
+        syncfs (see :class:`PendingDirs`). Lock held."""
+        for key, (path, size) in self._evicted_files.items():
+            if _only_name(path) and self._make_spare(path, size):
+                pass
             elif not _delete(path):
                 log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
                 self._undeleted[key] = Path(path)
@@ -639,17 +638,20 @@ class FilePerKeyBackend(StorageBackend):
         file of each victim that no read is using is renamed to the next of ``reuse_as``
         (the write's temporary names; a shard directory removed behind the store's back is
         made again here), to be overwritten in place (see :func:`fit_reused_file`); in
-        "filesystem" mode it becomes a spare file (:meth:`_make_spare`) while the spares
-        hold less than ``nbytes`` (besides the first ``spares_taken`` ready ones, which the
-        write takes). The others are unlinked. A crash leaves a reused or spare
-        file under a temporary name, which recovery deletes: the victim is gone either way.
-        In "file" mode the victims' directories are fsynced (side by side; one whose fsync
-        fails by the next ``remove()``, and then no victim's file is reused: they are
-        deleted) before the lock is released; in "filesystem" mode
-        they wait for the write's first syncfs, and a ``remove()`` before it fsyncs them
-        itself. Either way a ``remove()`` that finds a victim absent returns only once the
-        victim cannot come back after a crash, and no reused file takes new bytes while its
-        victim's name may still name it. Directories that
+        "filesystem" mode it is to become a spare file while the spares hold less than
+        ``nbytes`` (besides the first ``spares_taken`` ready ones, which the write takes):
+        it goes into ``_evicted_files``, and the write renames it to a spare name once its
+        own writes are submitted (:meth:`_settle_evicted_files`). The others are unlinked
+        here. A crash leaves a reused or spare file under a temporary name, which recovery
+        deletes (a victim whose file the write had not renamed yet may come back, as after
+        any crash before its eviction was synced). In "file" mode the victims' directories
+        are fsynced (side by side; one whose fsync fails by the next ``remove()``, and then
+        no victim's file is reused: they are deleted) before the lock is released; in
+        "filesystem" mode they wait for the write's first syncfs, and a ``remove()`` before
+        it fsyncs them itself (and deletes a victim's file not yet renamed). Either way a
+        ``remove()`` that finds a victim absent returns only once the victim cannot come
+        back after a crash, and no reused file takes new bytes while its victim's name may
+        still name it. Directories that
         gained a shard directory made here are added to ``changed_dirs``, which the write
         fsyncs before it returns. Returns the evicted keys and how many files were reused
         (the first of ``reuse_as``)."""
@@ -667,14 +669,15 @@ class FilePerKeyBackend(StorageBackend):
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
         reused = 0
-        self._spare_room = nbytes - sum(size for _, size in self._spares[spares_taken:] + self._unready_spares)
+        spare_room = nbytes - sum(size for _, size in self._spares[spares_taken:] + self._unready_spares)
         victim_dirs: Set[Path] = set()
         for key in evicted:
             in_use = self._open.busy(key)  # (before the entry and its descriptor go)
             size = record_size(len(key), self._objects[key].value_len)
             self._drop_entry(key)
-            if self.sync == "filesystem":  # its file: once the write's data is on its way
-                self._evicted_files[key] = (self.path_str(key), size, not in_use)
+            if self.sync == "filesystem" and not in_use and spare_room > 0:
+                self._evicted_files[key] = (self.path_str(key), size)  # a spare, once the writes are out
+                spare_room -= size
                 continue
             path = self.path_of(key)
             victim_dirs.add(path.parent)

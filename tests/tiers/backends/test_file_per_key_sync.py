@@ -493,3 +493,28 @@ def test_a_spare_made_after_a_remove_settled_its_directory_is_synced_by_the_next
     monkeypatch.undo()
     assert backend.keys() == [b"new"]
     backend.close()
+
+
+def test_a_write_that_fails_before_its_first_request_settles_its_evictions(tmp_path, direct_psync, monkeypatch):
+    """The header memory cannot be had (MemoryError) after the write evicted k0: the victim's
+    file is still handled (a spare, deleted at close), the reservation is given back, and
+    k0, which the evict listener heard of, does not come back at the next open."""
+    size = 50_000
+    backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    backend.write(items({b"k0": block(0, size)}))
+    heard = []
+    backend.evict_listener = heard.extend
+
+    def no_memory(key_lengths):
+        raise MemoryError("no memory for the header blocks")
+
+    monkeypatch.setattr(fpk, "HeadBlocks", no_memory)
+    with pytest.raises(MemoryError):
+        backend.write(items({b"k1": block(1, size)}))
+    monkeypatch.undo()
+    assert heard == [b"k0"] and backend.keys() == [] and backend.used_bytes == 0
+    assert not backend.path_of(b"k0").exists()
+    backend.close()
+    again = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
+    assert again.keys() == []
+    again.close()
