@@ -465,7 +465,7 @@ class FilePerKeyBackend(StorageBackend):
             with self._lock:
                 try:
                     for tmp, final in zip(tmps, finals):
-                        self._rename_into_place(tmp, final, changed_dirs)
+                        self._rename(tmp, final, changed_dirs)
                         renamed += 1
                 finally:  # what was renamed is what its path holds now: the index takes it
                     self._index(entries[:renamed], fds[:renamed], finals, sizes)
@@ -541,19 +541,19 @@ class FilePerKeyBackend(StorageBackend):
             tmps[i] = finals[i] + TMP_SUFFIX
             return None
 
-    def _rename_into_place(self, tmp: str, final: str, changed_dirs: Set[Path]) -> None:
-        """Rename the written file ``tmp`` to ``final``. A spare lives in another shard
-        than its new object's: when that object's shard directory was removed behind the
-        store's back, it is made again here (see :meth:`_make_shard`). Lock held; raises
-        OSError."""
+    def _rename(self, src: "str | Path", dst: str, changed_dirs: Set[Path]) -> None:
+        """Rename the file ``src`` to ``dst``, making the shard directory of ``dst`` again
+        when it was removed behind the store's back (see :meth:`_make_shard`): a reused
+        file or a spare lives in another shard than the object it is renamed for. Lock
+        held; raises OSError (FileNotFoundError: ``src`` is gone)."""
         try:
-            os.replace(tmp, final)
+            os.replace(src, dst)
         except FileNotFoundError:
-            shard = Path(final).parent
+            shard = Path(dst).parent
             if shard.is_dir():
                 raise
             self._make_shard(shard, changed_dirs)
-            os.replace(tmp, final)
+            os.replace(src, dst)
 
     def _take_spares(self, tmps: List[str], count: int) -> None:
         """Make the first ``count`` ready spare files the temporary files of the first items
@@ -567,9 +567,8 @@ class FilePerKeyBackend(StorageBackend):
         another name); their directories wait, as pending ones, for the write's first
         syncfs (see :class:`PendingDirs`). Lock held."""
         for key, (path, size) in self._evicted_files.items():
-            if _only_name(path) and self._make_spare(path, size):
-                pass
-            elif not _delete(path):
+            spared = _only_name(path) and self._make_spare(path, size)
+            if not spared and not _delete(path):
                 log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
                 self._undeleted[key] = Path(path)
             self._pending_dirs.add(Path(os.path.dirname(path)))
@@ -713,16 +712,9 @@ class FilePerKeyBackend(StorageBackend):
         return evicted, reused
 
     def _move_file(self, path: Path, to: str, changed_dirs: Set[Path]) -> bool:
-        """Rename the file ``path`` to ``to``, making the shard directory of ``to`` again if
-        it was removed (see :meth:`_create_file`); returns whether it was moved."""
+        """:meth:`_rename` ``path`` to ``to``; returns whether it was moved."""
         try:
-            try:
-                os.replace(path, to)
-            except FileNotFoundError:
-                if Path(to).parent.is_dir():
-                    return False  # ``path`` is gone
-                self._make_shard(Path(to).parent, changed_dirs)
-                os.replace(path, to)
+            self._rename(path, to, changed_dirs)
         except OSError:
             return False
         return True

@@ -42,11 +42,13 @@ def syncfs_available() -> bool:
 
 def syncfs(fd: int) -> None:
     """``syncfs(2)``: write back every dirty inode and directory of the filesystem that
-    holds ``fd``, then flush the device's cache, and return once they are durable. One call
-    makes a whole batch of new files and renames durable at the cost of one cache flush,
-    where an fdatasync per file and an fsync per directory flush the cache once each.
-    Raises OSError: a writeback error anywhere on the filesystem since ``fd``'s previous
-    call (kernels >= 5.8 report these), or OSError(ENOSYS) where it is not available."""
+    holds ``fd`` and flush the device's cache; one call covers a whole batch of new files
+    and renames, where an fdatasync per file and an fsync per directory flush the cache
+    once each. Without a journal the kernel flushes before it has waited for the last
+    metadata blocks it wrote: a caller that needs them durable then fsyncs a file or
+    directory of that filesystem (see ``FilePerKeyBackend._syncfs``). Raises OSError: a
+    writeback error anywhere on the filesystem since ``fd``'s previous call (kernels >= 5.8
+    report these), or OSError(ENOSYS) where it is not available."""
     if _SYNCFS is None:
         raise OSError(errno.ENOSYS, "syncfs is not available here")
     if _SYNCFS(fd) != 0:
