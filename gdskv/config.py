@@ -132,8 +132,8 @@ class StoreConfig:
     #: Requests in flight per io_uring (one ring per thread). Default 64.
     io_depth: int = 64
     #: Bytes of large reads (not the small reads of a few KiB) in flight per io_uring:
-    #: more waits, so a deep queue of large reads does not slow the disk down. Default 8 MiB.
-    io_read_inflight_bytes: int = 8 * MiB
+    #: more waits, so a deep queue of large reads does not slow the disk down. Default 4 MiB.
+    io_read_inflight_bytes: int = 4 * MiB
     #: Open NVMe files with O_DIRECT where the filesystem allows it (buffered otherwise).
     #: Default True.
     direct_io: bool = True

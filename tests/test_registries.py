@@ -62,7 +62,7 @@ def test_the_cap_on_large_reads_in_flight_reaches_the_engine(tmp_path, monkeypat
         assert store.stats()["io_engine"]["read_inflight_bytes"] == 2 << 20
     monkeypatch.delenv("GDSKV_IO_READ_INFLIGHT")
     with gdskv.open(tmp_path / "u", dram="1MiB", ssd="8MiB", io_engine="uring") as store:
-        assert store.stats()["io_engine"]["read_inflight_bytes"] == 8 << 20
+        assert store.stats()["io_engine"]["read_inflight_bytes"] == 4 << 20
 
 
 def test_environment_reaches_the_store(tmp_path, monkeypatch):

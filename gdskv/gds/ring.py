@@ -14,13 +14,15 @@ Work is cut into *ops*, one submission queue entry each:
 - a *direct* op transfers straight between the file and the caller's buffers — the file is
   buffered, or the request already obeys the O_DIRECT rules;
 - a *bounce* op moves one chunk of an unaligned O_DIRECT request (:mod:`gdskv.gds.bounce`)
-  through one slot of the staging memory: ``slots`` chunks of ``chunk_bytes``, allocated
-  page-aligned once and registered with the kernel as a fixed buffer (reads and writes then
-  use ``READV_FIXED``/``WRITEV_FIXED`` where the kernel has them);
+  through one chunk slot of the staging memory: ``slots`` chunks of ``chunk_bytes``;
 - a *small read* (:class:`_Small`) is a read into one buffer of an O_DIRECT file whose
   aligned span is at most :data:`SMALL_READ` bytes, aligned or not: it always goes through a
-  staging slot (fixed buffer) and is copied out in one slice assignment, with one Python
-  object for request and op together. At a few pages, that copy costs less than checking
+  small slot of the staging memory (``small_slots`` of :data:`SMALL_READ` bytes, one per
+  read in flight, apart from the chunks so that large chunks cost small reads nothing) and
+  is copied out in one slice assignment, with one Python object for request and op together.
+  The staging memory (chunks and small slots) is allocated page-aligned once and registered
+  with the kernel as one fixed buffer (reads and writes then use
+  ``READV_FIXED``/``WRITEV_FIXED`` where the kernel has them). At a few pages, that copy costs less than checking
   the caller's alignment and having the kernel map its pages, and it keeps the per-read
   Python work of a batch of 4 KiB reads small.
 
@@ -61,7 +63,7 @@ import weakref
 from typing import Any, Collection, Deque, Dict, Generator, List, Optional, Sequence, Set, Union
 
 from gdskv.errors import GdskvError, IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
+from gdskv.gds.aligned import DIRECT_ALIGN, HUGE_PAGE, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, abandoned_error, check_buffers, request_error, usable
 from gdskv.gds.iovec import Template
@@ -84,10 +86,14 @@ _REFILL_BYTES = 1 << 20
 #: takes 4 MiB requests; reads were within 3%).
 SPLIT_BYTES = 4 << 20
 #: Default cap on the bytes of large reads (anything but small reads) in flight on one
-#: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond), and on the
-#: test VM's virtual disk random 2 MiB reads ran 7-25% faster with 8 MiB in flight than
-#: with 16, and 30% slower with 32 (writes ran no faster with a cap, so they have none).
-READ_INFLIGHT_BYTES = 8 << 20
+#: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond). The test VM's
+#: virtual disk reads large blocks faster the fewer are in flight: random 2 MiB reads ran
+#: 7-25% faster with 8 MiB in flight than with 16, and 30% slower with 32; on a later day
+#: (fio 3.5 GB/s at queue depth 2, 2.9 at 16), staged through 1 MiB chunks, 2 MiB and
+#: 16 MiB reads ran 0.91x and 0.93x of fio with 4 MiB in flight, against 0.79x and 0.84x
+#: with 8 MiB through 256 KiB chunks (medians of 10 and 8 interleaved rounds). Writes ran
+#: no faster with a cap, so they have none.
+READ_INFLIGHT_BYTES = 4 << 20
 
 
 def _future_of(op: "Union[_Op, _Small]") -> "RingFuture":
@@ -233,7 +239,8 @@ class _Small:
 
 
 class Ring:
-    """An io_uring of ``depth`` entries with ``slots`` staging chunks. See the module docstring."""
+    """An io_uring of ``depth`` entries with ``slots`` staging chunks and ``small_slots``
+    (default ``depth``) staging slots for small reads. See the module docstring."""
 
     def __init__(
         self,
@@ -245,6 +252,7 @@ class Ring:
         fixed: bool,
         split_bytes: int = SPLIT_BYTES,
         read_inflight_bytes: int = READ_INFLIGHT_BYTES,
+        small_slots: Optional[int] = None,
     ) -> None:
         self._L = lib
         self.depth = depth
@@ -264,17 +272,31 @@ class Ring:
             lib.io_uring_queue_init(depth, self._ring)
         except OSError as exc:
             raise IoError(f"io_uring setup failed: {exc.strerror}", errno=exc.errno, depth=depth) from exc
-        self._staging: Optional[AlignedBuffer] = alloc_aligned(slots * chunk_bytes)
-        self._staging_addr = address_of(self._staging.view)
-        self._slot_views = [self._staging.view[i * chunk_bytes : (i + 1) * chunk_bytes] for i in range(slots)]
-        self._free_slots = list(range(slots - 1, -1, -1))
-        self._templates: Dict[int, List[Template]] = {}
-        #: One single-entry iovec per slot, used by the small read that holds the slot.
-        self._slot_iovs = [Template(lib, 1) for _ in range(slots)]
-        self._slot_entries = [t.entry(0) for t in self._slot_iovs]
-        self._slot_addrs = [self._staging_addr + i * chunk_bytes for i in range(slots)]
-        self._slot_lens = [-1] * slots  # what each slot's iovec points at: length from the slot's start, or -1
         self._small_read = min(SMALL_READ, chunk_bytes)
+        small_slots = depth if small_slots is None else small_slots
+        # Slots 0 .. slots-1 are the chunks (bounce ops), slots .. slots+small_slots-1 the
+        # small slots after them (small reads): one index space, two free lists.
+        self._chunk_slots = slots
+        staging = slots * chunk_bytes + small_slots * self._small_read
+        if staging >= HUGE_PAGE:  # a whole number of huge pages: the kernel maps it 2 MiB-aligned,
+            staging = -(-staging // HUGE_PAGE) * HUGE_PAGE  # so every chunk sits on huge pages
+        self._staging: Optional[AlignedBuffer] = alloc_aligned(staging)
+        self._staging_addr = address_of(self._staging.view)
+        starts = [i * chunk_bytes for i in range(slots)]
+        starts += [slots * chunk_bytes + i * self._small_read for i in range(small_slots)]
+        sizes = [chunk_bytes] * slots + [self._small_read] * small_slots
+        self._slot_views = [self._staging.view[start : start + size] for start, size in zip(starts, sizes)]
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self._free_small = list(range(slots + small_slots - 1, slots - 1, -1))
+        self._templates: Dict[int, List[Template]] = {}
+        #: By slot, for the small slots (None for the chunks, whose ops take their iovecs
+        #: from ``_templates``): a single-entry iovec used by the small read that holds the
+        #: slot, its entry, the slot's address, and the length from the slot's start that
+        #: the entry points at (-1: anything else).
+        self._slot_iovs: List[Optional[Template]] = [None] * slots + [Template(lib, 1) for _ in range(small_slots)]
+        self._slot_entries = [None if t is None else t.entry(0) for t in self._slot_iovs]
+        self._slot_addrs = [self._staging_addr + start for start in starts]
+        self._slot_lens = [-1] * (slots + small_slots)
         self.fixed = False
         if fixed:
             whole = Template(lib, 1)
@@ -548,7 +570,7 @@ class Ring:
         backlog = self._backlog
         inflight = self._inflight
         depth = self.depth
-        free = self._free_slots
+        free = self._free_small
         iovs, entries, addrs, lens = self._slot_iovs, self._slot_entries, self._slot_addrs, self._slot_lens
         while backlog and len(inflight) < depth:
             op = backlog[0]
@@ -698,7 +720,7 @@ class Ring:
         cqe = self._cqe
         inflight = self._inflight
         views = self._slot_views
-        free = self._free_slots
+        free = self._free_small  # (the small reads', handled inline)
         count = 0
         total = 0
         try:
@@ -746,7 +768,7 @@ class Ring:
                 slot = op.slot
                 skip = op.skip
                 op.dst[:] = self._slot_views[slot][skip : skip + op.dst.nbytes]  # type: ignore[index]
-                self._free_slots.append(slot)  # type: ignore[arg-type]
+                self._free_small.append(slot)  # type: ignore[arg-type]
                 op.future._resolve(op.index, op.dst.nbytes)
                 return
             if res and not op.done % DIRECT_ALIGN:
@@ -758,7 +780,7 @@ class Ring:
             )
         else:
             error = request_error(request, request.offset + max(0, op.done - op.skip), OSError(-res, os.strerror(-res)))
-        self._free_slots.append(op.slot)  # type: ignore[arg-type]
+        self._free_small.append(op.slot)  # type: ignore[arg-type]
         op.slot = None
         op.future._resolve(op.index, error)
 
@@ -815,7 +837,9 @@ class Ring:
             else:
                 waiting[op.req] = waiting.get(op.req, 0) + 1
                 queued.setdefault(id(op.req.future), set()).add(op.req.index)
-        self._free_slots = [slot for slot in range(len(self._slot_views) - 1, -1, -1) if slot not in held]
+        chunks = self._chunk_slots
+        self._free_slots = [slot for slot in range(chunks - 1, -1, -1) if slot not in held]
+        self._free_small = [slot for slot in range(len(self._slot_views) - 1, chunks - 1, -1) if slot not in held]
         self._slot_lens = [-1] * len(self._slot_views)
         for req, count in waiting.items():
             if req.pending != count:  # an op of it was lost
@@ -836,7 +860,7 @@ class Ring:
         """Fail an op of either kind that is not in flight."""
         if op.__class__ is _Small:
             if op.slot is not None:
-                self._free_slots.append(op.slot)
+                self._free_small.append(op.slot)
                 op.slot = None
             op.future._resolve(op.index, exc)  # type: ignore[union-attr]
         else:

@@ -6,14 +6,15 @@
   allows (default 64); larger batches and larger requests wait in the ring's backlog.
 - With ``direct=True`` files are opened ``O_DIRECT`` where the filesystem allows it;
   unaligned requests on them go through staging memory allocated page-aligned once per ring
-  (``slots`` chunks of ``chunk_bytes``) and registered as a fixed buffer. Of an unaligned
+  (``slots`` chunks of ``chunk_bytes``, default 16 of 1 MiB, and a 16 KiB slot per entry
+  for small reads) and registered as a fixed buffer. Of an unaligned
   write only the unaligned parts are staged; a page-aligned stretch of it goes straight
   from the caller's memory. ``describe()["staged_write_bytes"]`` counts the bytes staged
   for writes by the rings alive.
 - Large reads (direct or staged; not the small reads of a few KiB) wait in the backlog
-  while ``read_inflight_bytes`` of them are in flight on the ring (default 8 MiB, config
+  while ``read_inflight_bytes`` of them are in flight on the ring (default 4 MiB, config
   ``io_read_inflight_bytes``): a deeper queue of large reads made a virtual disk slower,
-  and 8 MiB keeps an NVMe drive busy.
+  and 4 MiB is still a few hundred microseconds of work for an NVMe drive.
 - The future of a batch is driven by whoever waits on it (``result()``, ``outcomes()``,
   ``done()``); ``await`` holds no thread: the event loop watches the ring's descriptor and
   drives the ring when completions are in.
@@ -36,7 +37,10 @@ from gdskv.gds.ring import READ_INFLIGHT_BYTES, Ring
 #: Default number of requests in flight per ring.
 DEPTH = 64
 #: Default staging chunk: the largest piece of an unaligned O_DIRECT request per submission.
-CHUNK_BYTES = 256 << 10
+CHUNK_BYTES = 1 << 20
+#: Default staging memory for chunks per ring: ``slots`` defaults to this over the chunk
+#: size, at most ``depth``. (Small reads have staging slots of their own, one per entry.)
+STAGING_BYTES = 16 << 20
 
 #: Version of the ``liburing`` wrapper this engine is written against (pinned by the extra).
 LIBURING_VERSION = "2026.3.30"
@@ -85,7 +89,7 @@ class UringEngine(IoEngine):
         check_layout(self._lib)
         self.depth = depth
         self.chunk_bytes = chunk_bytes
-        self.slots = slots if slots is not None else depth
+        self.slots = slots if slots is not None else max(1, min(depth, STAGING_BYTES // chunk_bytes))
         self.read_inflight_bytes = read_inflight_bytes
         self.fixed = fixed_ops_supported(self._lib)
         self._local = threading.local()

@@ -470,7 +470,7 @@ def test_a_refused_submission_fails_every_queued_request_with_its_offset(tmp_pat
     outcomes = ring.submit(requests).outcomes()
     assert all(isinstance(o, IoError) and o.context["errno"] == errno.EFAULT for o in outcomes)
     assert [o.context["offset"] for o in outcomes] == [4096 + 10, 8192]
-    assert ring.broken and sorted(ring._free_slots) == [0, 1, 2, 3]
+    assert ring.broken and sorted(ring._free_slots) == [0, 1, 2, 3] and sorted(ring._free_small) == list(range(4, 12))
     ring.close()
     os.close(fd)
     eng.close()
@@ -514,6 +514,60 @@ def test_uring_caps_the_bytes_of_large_reads_in_flight(tmp_path, monkeypatch):
     assert read_all(256 << 10, 0, 2, 256 << 10) == (256 << 10, 1)  # over the cap: one at a time
     assert read_all(4096, 64, 24, 8192)[1] == 24  # small reads: all at once
     os.close(fd)
+    eng.close()
+
+
+def test_uring_small_reads_have_staging_slots_of_their_own(tmp_path, monkeypatch):
+    """Small reads and the chunks of large unaligned requests do not share staging: with a
+    single chunk, a batch's small reads and the first chunk of its staged read all go at
+    once, and the bytes of every read are right. (Before, each small read took a chunk,
+    and they went one at a time.)"""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    from gdskv.gds.ring import Ring
+
+    seen = []  # entries in flight at each submission
+    submit = Ring._submit
+
+    def watching(ring):
+        seen.append(len(ring._inflight))
+        submit(ring)
+
+    eng = _engine("uring", True, depth=16, slots=1, chunk_bytes=16 << 10)
+    path = tmp_path / "data"
+    fd = eng.open_file(path, os.O_RDWR | os.O_CREAT)
+    data = block(5, 1 << 20)
+    eng.run([IoRequest.write(fd, 0, memoryview(data), path=str(path))])
+    monkeypatch.setattr(Ring, "_submit", watching)
+    page = alloc_aligned(2 << 20)
+    large = page.view[64 : 64 + (256 << 10)]  # unaligned: staged, 16 chunks one after another
+    smalls = [page.view[(512 << 10) + i * 8192 + 64 : (512 << 10) + i * 8192 + 64 + 3000] for i in range(12)]
+    requests = [IoRequest.read(fd, 300_000 + i * 20_000, out, path=str(path)) for i, out in enumerate(smalls)]
+    requests.append(IoRequest.read(fd, 4096, large, path=str(path)))
+    assert eng.run(requests) == [3000] * 12 + [large.nbytes]
+    assert seen and seen[0] == 13  # every small read and the first chunk, in one submission
+    assert bytes(large) == data[4096 : 4096 + large.nbytes]
+    assert all(bytes(out) == data[300_000 + i * 20_000 : 300_000 + i * 20_000 + 3000] for i, out in enumerate(smalls))
+    ring = eng._ring()
+    assert sorted(ring._free_slots) == [0] and sorted(ring._free_small) == list(range(1, 17))
+    os.close(fd)
+    eng.close()
+
+
+def test_uring_staging_is_a_whole_number_of_huge_pages():
+    """A ring's staging (chunks and small slots) is rounded up to whole huge pages: the
+    kernel maps such a size 2 MiB-aligned, so each chunk lies on huge pages (one
+    scatter-gather segment per transfer). 17 MiB of staging was mapped 1 MiB off a huge
+    page every other time, and staged 2 MiB reads through 1 MiB chunks ran at half speed."""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    from gdskv.gds.aligned import HUGE_PAGE
+    from gdskv.gds.uring import UringEngine
+
+    eng = UringEngine(direct=True)  # 16 chunks of 1 MiB and 64 small slots of 16 KiB: 17 MiB
+    ring = eng._ring()
+    assert (ring.chunk_bytes, len(ring._free_slots), len(ring._free_small)) == (1 << 20, 16, 64)
+    assert ring._staging.nbytes % HUGE_PAGE == 0 and ring._staging.nbytes >= 17 << 20
     eng.close()
 
 

@@ -408,7 +408,7 @@ def test_an_exception_at_every_check_point_of_the_ring(tmp_path, op):
         assert engine.submit(again).result(timeout=5) == [b.nbytes for b in outs], where
         assert all(bytes(b) == current[r.offset : r.offset + b.nbytes] for r, b in zip(again, outs)), where
         assert ring._put == ring._reaped and not ring._inflight and not ring._backlog and not ring._interrupted, where
-        assert sorted(ring._free_slots) == list(range(3)), where
+        assert sorted(ring._free_slots) == list(range(3)) and sorted(ring._free_small) == list(range(3, 3 + ring.depth)), where
         iovecs = [id(t) for pool in ring._templates.values() for t in pool]
         assert len(iovecs) == len(set(iovecs)), where
         os.close(fd)
