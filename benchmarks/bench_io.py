@@ -5,7 +5,8 @@ For each engine x backend, through the backend API (the layer that puts objects 
 - write N objects of each size (256 KiB, 2 MiB, 16 MiB by default; ``--size`` bytes of
   each), in batches as the offloader does, durably (the backend's fsyncs included);
 - the same into a tier that is full (``write full``: a store of a quarter of those bytes,
-  filled first, so that every batch evicts older objects: a cache's steady state);
+  filled first past its cap, so that every batch evicts older objects and the store's first
+  eviction is behind it: a cache's steady state);
 - cold-read them all in random order, ``--qd`` objects per batch (O_DIRECT, so nothing
   comes from the page cache; a buffered engine's files are dropped from it first);
 - 4 KiB random reads of ``--rand-objects`` small objects, 64 per batch (``--rand-qd``);
@@ -355,12 +356,16 @@ def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int, 
 
 def gdskv_write_full(name: str, work: Path, engine, arena: Arena, keys: Sequence[bytes], batch_bytes: int) -> float:
     """Write every object into a new store of ``name`` a quarter of their size (at least two
-    batches) that a quarter of the objects filled first, so that (with the default sizes)
-    every batch evicts. Returns bytes/s of that second pass."""
+    batches) that a quarter of the objects and one batch more filled first, so that (with
+    the default sizes) the fill's last batch is the store's first eviction and every batch
+    timed evicts: a cache's steady state. (The first eviction of a store is not: a
+    ``file_per_key`` store has no spare files to overwrite yet and creates its files.)
+    Returns bytes/s of that second pass."""
     total = len(keys) * arena.size
     backend = open_backend(name, work, engine, max(total // 4, 2 * batch_bytes) + (1 << 20))
     try:
-        gdskv_write(backend, arena, [b"fill-" + k for k in keys[: max(1, len(keys) // 4)]], batch_bytes, evicting=True)
+        fill = max(1, len(keys) // 4) + max(1, batch_bytes // arena.size)
+        gdskv_write(backend, arena, [b"fill-" + k for k in keys[:fill]], batch_bytes, evicting=True)
         return gdskv_write(backend, arena, keys, batch_bytes, evicting=True)
     finally:
         backend.close()
