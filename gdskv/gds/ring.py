@@ -17,14 +17,17 @@ Work is cut into *ops*, one submission queue entry each:
   through one chunk slot of the staging memory: ``slots`` chunks of ``chunk_bytes``;
 - a *small read* (:class:`_Small`) is a read into one buffer of an O_DIRECT file whose
   aligned span is at most :data:`SMALL_READ` bytes, aligned or not: it always goes through a
-  small slot of the staging memory (``small_slots`` of :data:`SMALL_READ` bytes, one per
-  read in flight, apart from the chunks so that large chunks cost small reads nothing) and
-  is copied out in one slice assignment, with one Python object for request and op together.
-  The staging memory (chunks and small slots) is allocated page-aligned once and registered
-  with the kernel as one fixed buffer (reads and writes then use
-  ``READV_FIXED``/``WRITEV_FIXED`` where the kernel has them). At a few pages, that copy costs less than checking
-  the caller's alignment and having the kernel map its pages, and it keeps the per-read
-  Python work of a batch of 4 KiB reads small.
+  small slot of the staging memory and is copied out in one slice assignment, with one
+  Python object for request and op together. At a few pages, that copy costs less than
+  checking the caller's alignment and having the kernel map its pages, and it keeps the
+  per-read Python work of a batch of 4 KiB reads small.
+
+The staging memory is the chunks, then ``small_slots`` small slots of :data:`SMALL_READ`
+bytes (one per entry by default: small reads never wait for a chunk, however large the
+chunks are), allocated page-aligned once, rounded up to whole huge pages (so that the
+kernel maps it 2 MiB-aligned and every chunk lies on huge pages), and registered with the
+kernel as one fixed buffer (staged transfers then use ``READV_FIXED``/``WRITEV_FIXED``
+where the kernel has them).
 
 Each op points a reusable ``Iovec`` (:mod:`gdskv.gds.iovec`) at its memory; ops wait in a
 backlog while the ring is full (``depth`` in flight), no staging slot is free, or (large
@@ -89,10 +92,10 @@ SPLIT_BYTES = 4 << 20
 #: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond). The test VM's
 #: virtual disk reads large blocks faster the fewer are in flight: random 2 MiB reads ran
 #: 7-25% faster with 8 MiB in flight than with 16, and 30% slower with 32; on a later day
-#: (fio 3.5 GB/s at queue depth 2, 2.9 at 16), staged through 1 MiB chunks, 2 MiB and
-#: 16 MiB reads ran 0.91x and 0.93x of fio with 4 MiB in flight, against 0.79x and 0.84x
-#: with 8 MiB through 256 KiB chunks (medians of 10 and 8 interleaved rounds). Writes ran
-#: no faster with a cap, so they have none.
+#: (fio 3.5 GB/s at queue depth 2, 2.9 at 16) 2 MiB reads staged through 1 MiB chunks ran
+#: 0.95x of fio with 4 MiB in flight, against 0.74x with 8 MiB through 256 KiB chunks
+#: (``benchmarks/bench_read_staging.py``; 16 MiB reads: within the disk's noise). Writes
+#: ran no faster with a cap, so they have none.
 READ_INFLIGHT_BYTES = 4 << 20
 
 
