@@ -23,11 +23,13 @@ Work is cut into *ops*, one submission queue entry each:
   per-read Python work of a batch of 4 KiB reads small.
 
 The staging memory is the chunks, then ``small_slots`` small slots of :data:`SMALL_READ`
-bytes (one per entry by default: small reads never wait for a chunk, however large the
-chunks are), allocated page-aligned once, rounded up to whole huge pages (so that the
+bytes (one per entry by default: a small read never waits for a staging slot, however
+large the chunks are; it may still wait behind a large op ahead of it, as the backlog is
+issued in order), allocated page-aligned once, rounded up to whole huge pages (so that the
 kernel maps it 2 MiB-aligned and every chunk lies on huge pages), and registered with the
 kernel as one fixed buffer (staged transfers then use ``READV_FIXED``/``WRITEV_FIXED``
-where the kernel has them).
+where the kernel has them; staging over 1 GiB, the most the kernel registers as one
+buffer, goes by plain vectored I/O).
 
 Each op points a reusable ``Iovec`` (:mod:`gdskv.gds.iovec`) at its memory; ops wait in a
 backlog while the ring is full (``depth`` in flight), no staging slot is free, or (large
@@ -65,7 +67,7 @@ import time
 import weakref
 from typing import Any, Collection, Deque, Dict, Generator, List, Optional, Sequence, Set, Union
 
-from gdskv.errors import GdskvError, IoError, StoreClosedError
+from gdskv.errors import ConfigError, GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, HUGE_PAGE, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, abandoned_error, check_buffers, request_error, usable
@@ -257,6 +259,8 @@ class Ring:
         read_inflight_bytes: int = READ_INFLIGHT_BYTES,
         small_slots: Optional[int] = None,
     ) -> None:
+        if slots < 1 or (small_slots is not None and small_slots < 1):  # a request needing one would wait for good
+            raise ConfigError("an io_uring needs at least one staging chunk and one small slot", slots=slots, small_slots=small_slots)
         self._L = lib
         self.depth = depth
         #: Large reads wait in the backlog while this many bytes of them are in flight

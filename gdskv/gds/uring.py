@@ -90,6 +90,8 @@ class UringEngine(IoEngine):
         self.depth = depth
         self.chunk_bytes = chunk_bytes
         self.slots = slots if slots is not None else max(1, min(depth, STAGING_BYTES // chunk_bytes))
+        if self.slots < 1:  # a request that needs a chunk would wait for good
+            raise ConfigError("uring needs at least one staging chunk", slots=slots)
         self.read_inflight_bytes = read_inflight_bytes
         self.fixed = fixed_ops_supported(self._lib)
         self._local = threading.local()

@@ -554,6 +554,26 @@ def test_uring_small_reads_have_staging_slots_of_their_own(tmp_path, monkeypatch
     eng.close()
 
 
+def test_uring_refuses_staging_without_a_chunk_or_a_small_slot():
+    """A ring without a chunk (or without a small slot) would leave any request that needs
+    one waiting for good, and close() with it: refused at once (before, ``slots=0`` was
+    refused only because the staging came out empty)."""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    import liburing
+
+    from gdskv.errors import ConfigError
+    from gdskv.gds.ring import Ring
+    from gdskv.gds.uring import UringEngine
+
+    for slots in (0, -1):
+        with pytest.raises(ConfigError):
+            UringEngine(direct=True, slots=slots)
+    for slots, small_slots in ((0, 4), (2, 0)):
+        with pytest.raises(ConfigError):
+            Ring(liburing, depth=4, slots=slots, chunk_bytes=64 << 10, fixed=False, small_slots=small_slots)
+
+
 def test_uring_staging_is_a_whole_number_of_huge_pages():
     """A ring's staging (chunks and small slots) is rounded up to whole huge pages: the
     kernel maps such a size 2 MiB-aligned, so each chunk lies on huge pages (one
