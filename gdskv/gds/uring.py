@@ -14,7 +14,7 @@
 - Large reads (direct or staged; not the small reads of a few KiB) wait in the backlog
   while ``read_inflight_bytes`` of them are in flight on the ring (default 4 MiB, config
   ``io_read_inflight_bytes``): a deeper queue of large reads made a virtual disk slower,
-  and 4 MiB is still a few hundred microseconds of work for an NVMe drive.
+  and 4 MiB is still about a millisecond of work for an NVMe drive at a few GB/s.
 - The future of a batch is driven by whoever waits on it (``result()``, ``outcomes()``,
   ``done()``); ``await`` holds no thread: the event loop watches the ring's descriptor and
   drives the ring when completions are in.
