@@ -296,13 +296,13 @@ class Ring:
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_small = list(range(slots + small_slots - 1, slots - 1, -1))
         self._templates: Dict[int, List[Template]] = {}
-        #: By slot, for the small slots (None for the chunks, whose ops take their iovecs
-        #: from ``_templates``): a single-entry iovec used by the small read that holds the
-        #: slot, its entry, the slot's address, and the length from the slot's start that
-        #: the entry points at (-1: anything else).
+        #: By slot: its address. For the small slots (None for the chunks, whose ops take
+        #: their iovecs from ``_templates``): a single-entry iovec used by the small read
+        #: that holds the slot, its entry, and the length from the slot's start that the
+        #: entry points at (-1: anything else).
+        self._slot_addrs = [self._staging_addr + start for start in starts]
         self._slot_iovs: List[Optional[Template]] = [None] * slots + [Template(lib, 1) for _ in range(small_slots)]
         self._slot_entries = [None if t is None else t.entry(0) for t in self._slot_iovs]
-        self._slot_addrs = [self._staging_addr + start for start in starts]
         self._slot_lens = [-1] * (slots + small_slots)
         self.fixed = False
         if fixed:
@@ -627,7 +627,7 @@ class Ring:
                 raise
             return iov
         iov = self._template(1)
-        iov.point(self._staging_addr + op.slot * self.chunk_bytes + op.done, op.length - op.done)  # type: ignore[operator]
+        iov.point(self._slot_addrs[op.slot] + op.done, op.length - op.done)  # type: ignore[operator]
         return iov
 
     def _prep(self, op: _Op, reading: int) -> None:

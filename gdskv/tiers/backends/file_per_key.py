@@ -567,10 +567,8 @@ class FilePerKeyBackend(StorageBackend):
         another name); their directories wait, as pending ones, for the write's first
         syncfs (see :class:`PendingDirs`). Lock held."""
         for key, (path, size) in self._evicted_files.items():
-            spared = _only_name(path) and self._make_spare(path, size)
-            if not spared and not _delete(path):
-                log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
-                self._undeleted[key] = Path(path)
+            if not (_only_name(path) and self._make_spare(path, size)):
+                self._delete_evicted_file(key, Path(path))
             self._pending_dirs.add(Path(os.path.dirname(path)))
         self._evicted_files.clear()
 
@@ -682,9 +680,8 @@ class FilePerKeyBackend(StorageBackend):
             victim_dirs.add(path.parent)
             if not in_use and reused < len(reuse_as) and _only_name(path) and self._move_file(path, reuse_as[reused], changed_dirs):
                 reused += 1
-            elif not _delete(path):
-                log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
-                self._undeleted[key] = path
+            else:
+                self._delete_evicted_file(key, path)
         for key, path in list(self._undeleted.items()):  # the ones that could not be deleted before
             if _delete(path):
                 del self._undeleted[key]
@@ -710,6 +707,13 @@ class FilePerKeyBackend(StorageBackend):
                 unlink_quietly(tmp)
             reused = 0
         return evicted, reused
+
+    def _delete_evicted_file(self, key: bytes, path: Path) -> None:
+        """Delete the file of the evicted ``key``; one that cannot be deleted is listed in
+        ``_undeleted``, for later evictions and a remove() of the key. Lock held."""
+        if not _delete(path):
+            log.warning("gdskv: could not delete the file of evicted %r (%s); tried again later", key[:64], path)
+            self._undeleted[key] = path
 
     def _move_file(self, path: Path, to: str, changed_dirs: Set[Path]) -> bool:
         """:meth:`_rename` ``path`` to ``to``; returns whether it was moved."""
@@ -891,15 +895,11 @@ class FilePerKeyBackend(StorageBackend):
                 if found:
                     self._pending_dirs.add(self._unlink(key))
                 elif key in self._undeleted:  # evicted, but its file is still there
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self._undeleted[key])
-                    self._pending_dirs.add(self._undeleted.pop(key).parent)
+                    self._unlink_leftover(self._undeleted[key])
+                    del self._undeleted[key]
                 elif key in self._evicted_files:  # evicted by the write in progress, its file not yet handled
-                    path = self._evicted_files[key][0]
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
+                    self._unlink_leftover(Path(self._evicted_files[key][0]))
                     del self._evicted_files[key]
-                    self._pending_dirs.add(Path(os.path.dirname(path)))
             except OSError as exc:
                 raise IoError(f"could not delete the record file: {exc.strerror}", path=str(exc.filename), errno=exc.errno) from exc
             pending = self._pending_dirs.snapshot()
@@ -913,6 +913,13 @@ class FilePerKeyBackend(StorageBackend):
             with self._lock:
                 self._pending_dirs.settle(pending)
         return found
+
+    def _unlink_leftover(self, path: Path) -> None:
+        """Delete the file an evicted key left at ``path`` (one already gone is fine) and make
+        its directory pending. Lock held; raises OSError."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._pending_dirs.add(path.parent)
 
     def check(self) -> List[bytes]:
         """Verify every file (header, name, value checksum); drop and return corrupt keys.
