@@ -18,6 +18,9 @@ Steps (JSON lists):
     ["fail_checkpoints", n]                the next ``n`` checkpoint writes fail with ENOSPC
                                            (``write_file_atomic`` of the offset module is
                                            patched in this process; the files are real)
+    ["hang_checkpoints"]                   the next checkpoint write waits for the writes
+                                           submitted before it, fdatasyncs the data file,
+                                           says ``tearing`` and waits to be killed
     ["pin", key, size]                     a read of ``key`` held in flight (its record is
                                            pinned) until ``unpin``: ``pinned``
     ["unpin"]                              the held read completes: ``unpinned``
@@ -52,33 +55,39 @@ def say(line: str) -> None:
 
 class TestEngine:
     """Wraps an engine: a read submitted from the ``held-read`` thread waits for ``release``;
-    once ``tearing``, a batch of writes puts each record's head block only, then blocks."""
+    a batch of writes fails while ``failing_writes`` counts down; once ``tearing``, a batch
+    of writes puts each record's head block only, then blocks."""
 
     def __init__(self, engine) -> None:
         self._engine = engine
         self.entered, self.release = threading.Event(), threading.Event()
         self.tearing = False
         self.failing_writes = 0
+        self.last_writes = None  # the future of the last batch of writes submitted
 
     def submit(self, requests):
         if threading.current_thread().name == "held-read":
             self.entered.set()
             self.release.wait()
-        return self._engine.submit(requests)
-
-    def run(self, requests):
         if self.failing_writes and requests and requests[0].op.value == "write":
             from gdskv.errors import IoError
+            from gdskv.gds.engine import IoFuture
 
             self.failing_writes -= 1
-            raise IoError("write failed: Input/output error", errno=errno.EIO)
+            return IoFuture.failed(IoError("write failed: Input/output error", errno=errno.EIO))
         if self.tearing and requests and requests[0].op.value == "write":
             heads = [r._replace(buffers=r.buffers[:1]) for r in requests]
             self._engine.run(heads)
             os.fdatasync(heads[0].fd)
             say("tearing")
             threading.Event().wait()
-        return self._engine.run(requests)
+        future = self._engine.submit(requests)
+        if requests and requests[0].op.value == "write":
+            self.last_writes = future
+        return future
+
+    def run(self, requests):  # (a write may submit part of its batch and run the rest)
+        return self.submit(requests).result()
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -108,6 +117,12 @@ def main(options: dict) -> None:
     failing = {"left": 0}
 
     def write_file_atomic(path, data, **kwargs):
+        if failing.get("hang"):  # the writes submitted so far land, the checkpoint never does
+            if engine.last_writes is not None:
+                engine.last_writes.outcomes()
+            os.fdatasync(backend._fd)
+            say("tearing")
+            threading.Event().wait()
         if failing["left"]:
             failing["left"] -= 1
             raise IoError(f"could not write {path.name}: No space left on device", path=str(path), errno=errno.ENOSPC)
@@ -148,6 +163,8 @@ def main(options: dict) -> None:
             engine.failing_writes = args[0]
         elif op == "fail_checkpoints":
             failing["left"] = args[0]
+        elif op == "hang_checkpoints":
+            failing["hang"] = True
         elif op == "pin":
             key, size = args[0].encode(), args[1]
             out = bytearray(size)

@@ -403,6 +403,32 @@ def test_a_checkpoint_that_cannot_be_read_fails_the_open_and_touches_nothing(tmp
     again.close()
 
 
+def test_a_kill_while_a_batch_checkpoints_loses_nothing_acknowledged(tmp_path, direct_psync):
+    """The process dies while the checkpoint of a batch that evicts is written, after every
+    write submitted before it has landed: the checkpoint on disk still lists the objects the
+    new one evicts, so nothing may have been written into their space yet. Everything
+    acknowledged is there, byte-exact; of the batch (its write never returned) only whole
+    records can come back."""
+    capacity = 4 * MiB
+    acknowledged: Spec = {}
+    backend = open_backend(tmp_path, direct_psync, capacity=capacity, window_bytes=MiB // 2)
+    for b in range(6):  # 6 batches of 8 records of 64 KiB: 3 MiB of the 4
+        batch = {f"a{b}-{i}": (100 * b + i, 60_000) for i in range(8)}
+        backend.write(items({k.encode(): value_of(*spec) for k, spec in batch.items()}))
+        acknowledged.update(batch)
+    backend.close()
+    batch = {f"new-{i}": (1000 + i, 60_000) for i in range(24)}  # 1.5 MiB, 1 MiB free: it evicts
+    out = run_child(tmp_path, [["hang_checkpoints"], ["write", batch]], capacity=capacity, window_bytes=MiB // 2)
+    assert "wrote" not in out and heard(out)  # killed inside the write, after evicting
+    again = open_backend(tmp_path, direct_psync, capacity=capacity, window_bytes=MiB // 2)
+    try:
+        keys = {key.decode() for key in again.keys()}
+        assert set(acknowledged) <= keys <= set(acknowledged) | set(batch)
+        verify_holds(again, {key: acknowledged.get(key) or batch[key] for key in keys})
+    finally:
+        again.close()
+
+
 def test_a_failed_checkpoint_leaves_this_epochs_tombstone_alone(tmp_path, direct_psync):
     """A checkpoint frees the space of this epoch's tombstones before it is written. When
     writing it fails, the checkpoint on disk still lists the removed key and needs the
