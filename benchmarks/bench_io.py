@@ -26,7 +26,8 @@ fio's: on a disk whose speed drifts within seconds (shared virtual disks do), a 
 compares two figures taken seconds apart, not a gdskv figure with a fio one from another
 minute. Every repeat runs each engine x backend, in an order rotated from one repeat to the
 next; the table shows the medians of the figures and of the paired ratios (every repeat's
-figure and ratio is printed after it).
+figure and ratio is printed after it), and then how far fio's runs of one operation differ
+from one another: the noise a single ratio carries on this disk.
 Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
 4 KiB path >= 0.5x fio's IOPS. A target is checked only against a fair fio: on huge pages
 like gdskv's memory (``--fio-mem``), and not where the filesystem refused gdskv O_DIRECT.
@@ -459,6 +460,17 @@ def median(values: List[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def fio_self_ratios(samples: Dict[tuple, List[float]]) -> Dict[Tuple[str, int], List[float]]:
+    """For each fio operation and block size run more than once, each run's figure over the
+    figure of the run before it: how far two fio runs seconds apart differ with nothing else
+    changed, the noise in every paired ratio."""
+    out: Dict[Tuple[str, int], List[float]] = {}
+    for key, values in samples.items():
+        if key[0] == "fio" and len(values) > 1:
+            out[(key[1], key[-1])] = [after / before for before, after in zip(values, values[1:])]
+    return out
+
+
 def fmt_rate(value: float, small: bool) -> str:
     return f"{value / 1000:.1f}k IOPS" if small else f"{value / MiB:.0f} MiB/s"
 
@@ -671,6 +683,15 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"engine with {jobs} jobs "
               f"({fmt_rate(peer, True)}, median; no target): "
               + ", ".join(f"{b} {fmt_ratio(median(ratios[('psync', b, 'rand psync', 4096)]))}" for b in rand_backends))
+    if fio:
+        floor = fio_self_ratios(samples)
+        if floor:
+            print()
+            print("# fio against itself: each fio run over the run of the same operation before it (seconds apart), "
+                  "lowest-highest (median): how far a ratio moves on this disk with nothing of gdskv in it")
+            for (op, size), spread in floor.items():
+                print(f"#   {'fio/fio ' + op:<30} {format_size(size):>9}: {fmt_ratio(min(spread))}-{fmt_ratio(max(spread))} "
+                      f"({fmt_ratio(median(spread))}, {len(spread)} pairs)")
     print()
     print("# every run's figure (MiB/s; 4 KiB: IOPS) in the order they ran, and for gdskv its ratio to the fio run before it")
     for key, values in samples.items():

@@ -96,6 +96,21 @@ def test_each_gdskv_run_is_paired_with_a_fio_run_taken_right_before_it(tmp_path)
     for key in ("uring bucket write", "uring offset read", "uring bucket write full", "uring offset rand"):
         runs = listing[key]
         assert len(runs) == 2 and all(run.strip().endswith("x)") for run in runs), (key, runs)
+    # fio against itself, the noise in those ratios: 4 runs of each operation, 3 pairs
+    assert "fio against itself" in out
+    for op in ("write", "write full", "read", "rand"):
+        assert listing[f"fio/fio {op}"][-1].strip().endswith("3 pairs)"), (op, listing[f"fio/fio {op}"])
+
+
+def test_fio_against_itself_is_each_run_over_the_one_before():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from bench_io import fio_self_ratios
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    samples = {("fio", "write", 2 << 20): [100.0, 80.0, 120.0], ("fio", "read", 2 << 20): [50.0],
+               ("uring", "bucket", "write", 2 << 20): [90.0, 95.0]}
+    assert fio_self_ratios(samples) == {("write", 2 << 20): [0.8, 1.5]}
 
 
 def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):
