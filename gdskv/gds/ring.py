@@ -68,7 +68,7 @@ import weakref
 from typing import Any, Collection, Deque, Dict, Generator, List, Optional, Sequence, Set, Union
 
 from gdskv.errors import ConfigError, GdskvError, IoError, StoreClosedError
-from gdskv.gds.aligned import DIRECT_ALIGN, HUGE_PAGE, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, slices
+from gdskv.gds.aligned import DIRECT_ALIGN, HUGE_PAGE, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, split_views
 from gdskv.gds.bounce import Bounce, split_write
 from gdskv.gds.engine import DrivenFuture, IoOp, IoRequest, abandoned_error, check_buffers, request_error, usable
 from gdskv.gds.iovec import Template
@@ -461,9 +461,11 @@ class Ring:
         # Large transfers go as several entries, so one batch keeps the device busy
         # evenly instead of waiting on its last, largest request.
         ops = []
-        for start in range(0, nbytes, self.split_bytes):
+        start = 0
+        for piece in split_views(buffers, self.split_bytes):
             n = min(self.split_bytes, nbytes - start)
-            ops.append(_Op(req, offset + start, n, n, slices(buffers, start, n)))
+            ops.append(_Op(req, offset + start, n, n, piece))
+            start += n
         return ops
 
     def _write_ops(self, req: _Req) -> List[_Op]:

@@ -44,6 +44,7 @@ from gdskv.errors import (
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.coalesce import coalesced_writes
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
@@ -271,13 +272,13 @@ class BucketBackend(StorageBackend):
                 else:
                     preallocate(fd, data_len)  # O_DIRECT writes that extend a file run one at a time
                 with HeadBlocks(len(key) for key, _, _ in items) as heads:
-                    requests = []
-                    path = str(tmp)
+                    records = []
                     for i, (key, value, crc, offset) in enumerate(layout):
                         seq = first_seq + i
                         head = heads.encode(key, value.nbytes, seq, crc)
-                        requests.append(IoRequest.write(fd, offset, *record_buffers(head, value), path=path))
+                        records.append((offset, record_buffers(head, value)))
                         entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, seq, crc))
+                    requests = coalesced_writes(fd, records, path=str(tmp))
                     # The index goes to its temporary name (and is fsynced) on the sealer thread
                     # while the data is written; it is renamed into place only once the data is
                     # durable.

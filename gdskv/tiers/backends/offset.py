@@ -79,6 +79,7 @@ from gdskv.tiers.backends.checkpoints import (
     is_temporary,
     read_checkpoint,
 )
+from gdskv.tiers.backends.coalesce import coalesced_writes
 from gdskv.tiers.backends.files import fsync_dir, unlink_quietly, write_file_atomic
 from gdskv.tiers.backends.record import (
     ALIGN,
@@ -546,12 +547,14 @@ class OffsetBackend(StorageBackend):
             offsets, evicted = self._place(sizes)
             first_seq = self._next_seq
             self._next_seq += len(items)
-            entries, requests = [], []
+            entries, records = [], []
             heads = HeadBlocks(len(key) for key, _, _ in items)
             for i, ((key, value, crc), offset) in enumerate(zip(items, offsets)):
                 head = heads.encode(key, value.nbytes, first_seq + i, crc)
-                requests.append(IoRequest.write(self._fd, offset, *record_buffers(head, value), path=self._path))
+                records.append((offset, record_buffers(head, value)))
                 entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, first_seq + i, crc))
+            records.sort(key=lambda record: record[0])
+            requests = coalesced_writes(self._fd, records, path=self._path)
             try:
                 self.engine.run(requests)
                 os.fdatasync(self._fd)  # type: ignore[arg-type]
