@@ -56,7 +56,9 @@ def say(line: str) -> None:
 class TestEngine:
     """Wraps an engine: a read submitted from the ``held-read`` thread waits for ``release``;
     a batch of writes fails while ``failing_writes`` counts down; once ``tearing``, a batch
-    of writes puts each record's head block only, then blocks."""
+    of writes puts each request's first buffer only, then blocks: a record's head block,
+    as the values here are not page-aligned and so never share a request (see
+    ``gdskv.tiers.backends.coalesce``)."""
 
     def __init__(self, engine) -> None:
         self._engine = engine
