@@ -83,7 +83,7 @@ class CountingEngine:
 
 
 @pytest.mark.parametrize("name", ["bucket", "offset"])
-def test_a_batch_of_records_end_to_end_goes_out_as_a_few_requests(tmp_path, direct_psync, name):
+def test_a_batch_of_records_end_to_end_goes_out_as_one_request(tmp_path, direct_psync, name):
     """48 values of 64 KiB on pages (as the DRAM tier holds KV blocks): 48 records of 68 KiB
     laid end to end, 3.2 MiB, go out as one request, and read back byte-exact."""
     engine = CountingEngine(direct_psync)
