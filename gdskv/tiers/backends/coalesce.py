@@ -8,8 +8,8 @@ file, each already in the form ``O_DIRECT`` takes as it is (every buffer 4 KiB-a
 memory and in length), go instead as one vectored request of all their buffers.
 
 A run stops at a gap in the file, at a record that needs the engine's staging (an
-unaligned value: the engine splits such a request into its aligned parts and the rest, and
-a long run of them gains nothing), and at ``IOV_MAX`` buffers (an engine stages a request of
+unaligned value, which goes alone, as before: the engine splits its request into the
+aligned parts and the rest), and at ``IOV_MAX`` buffers (an engine stages a request of
 more). A run is never longer than :data:`MAX_RUN_BYTES`, so a batch still goes out as
 several requests that the device runs side by side. Records of :data:`ALONE_FROM` bytes or
 more go one request each, as before: a request's bookkeeping is little beside their
