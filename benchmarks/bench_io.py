@@ -492,7 +492,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out-align", choices=("64", "page"), default="64", help="alignment of read buffers (default 64)")
     p.add_argument("--value-align", choices=("dram", "64"), default="dram",
                    help="where written values sit: as the DRAM tier places them, or all 64 bytes past a page (default dram)")
-    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is printed (default 5: on the test VM's disk the median of three paired ratios moved by 0.1x-0.3x from one run to the next)")
+    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is printed (default 5: on the test VM's disk a median of three paired ratios "
+                        "moved by up to 0.36x between two runs of the same code)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
     p.add_argument("--fio-mem", choices=("auto", "huge", "malloc"), default="auto",

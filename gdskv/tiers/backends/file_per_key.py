@@ -563,9 +563,10 @@ class FilePerKeyBackend(StorageBackend):
         del self._spares[:count]
 
     def _settle_evicted_files(self) -> None:
-        """Make the files :meth:`_make_room` chose for spares spares (or delete one that has
-        another name); their directories wait, as pending ones, for the write's first
-        syncfs (see :class:`PendingDirs`). Lock held."""
+        """Rename each file :meth:`_make_room` chose to become a spare to its spare name (or
+        delete it, when another name links to it too or the rename fails); their
+        directories wait, as pending ones, for the write's first syncfs (see
+        :class:`PendingDirs`). Lock held."""
         for key, (path, size) in self._evicted_files.items():
             if not (_only_name(path) and self._make_spare(path, size)):
                 self._delete_evicted_file(key, Path(path))
