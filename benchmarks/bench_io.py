@@ -34,6 +34,10 @@ like gdskv's memory (``--fio-mem``), and not where the filesystem refused gdskv 
 fio is installed from the distribution's packages when it is missing
 (``--no-fio-install`` skips that); without it only absolute numbers are printed.
 
+A finished run's store is not deleted before the next run: its files are truncated, and
+deleted at the end (:class:`RetiredStores`: on ext4 without a journal, files made within a
+minute of deleting many are slow to make, which would charge one run for the last).
+
 Values are written from an arena laid out like the DRAM tier's (``--value-align dram``:
 64-byte aligned, page-aligned from 64 KiB, so a large value's whole pages go to the disk
 straight from it; ``--value-align 64`` puts every value 64 bytes past a page boundary, so
@@ -341,6 +345,37 @@ def open_backend(name: str, directory: Path, engine, capacity: int):
     return backend
 
 
+class RetiredStores:
+    """Where the stores of finished runs go: their files are truncated at once (their disk
+    space comes back) and deleted only at the end of the run (:meth:`clear`).
+
+    On ext4 without a journal the inode allocator passes over every inode freed less than a
+    minute ago (five more while its inode table block is dirty), testing them one by one
+    (the kernel's ``recently_deleted()``). On the test VM, making a file within a minute of
+    deleting a few thousand took 250-1000 µs, 30-50 µs otherwise. Deleting the last run's
+    store at once (a ``file_per_key`` store of 2 MiB objects is 256 files, of 256 KiB 2048)
+    would charge the next store's writes for what the benchmark did before them; fio's
+    peer makes one file. A retired store keeps its inodes in use, and the allocator skips
+    those at no cost."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = base / "retired"
+        self.count = 0
+
+    def retire(self, store: Path) -> None:
+        """Truncate every file under ``store`` and move ``store`` out of the way."""
+        for path in store.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                os.truncate(path, 0)
+        self.dir.mkdir(exist_ok=True)
+        store.rename(self.dir / str(self.count))
+        self.count += 1
+
+    def clear(self) -> None:
+        """Delete every retired store."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int, evicting: bool = False) -> float:
     """Write every object in batches of about ``batch_bytes``; returns bytes/s. Unless
     ``evicting``, a write that evicts anything is an error (the capacity is too small)."""
@@ -355,13 +390,14 @@ def gdskv_write(backend, arena: Arena, keys: Sequence[bytes], batch_bytes: int, 
     return len(items) * arena.size / (time.perf_counter() - t0)
 
 
-def gdskv_write_full(name: str, work: Path, engine, arena: Arena, keys: Sequence[bytes], batch_bytes: int) -> float:
+def gdskv_write_full(name: str, work: Path, engine, arena: Arena, keys: Sequence[bytes], batch_bytes: int,
+                     retired: RetiredStores) -> float:
     """Write every object into a new store of ``name`` a quarter of their size (at least two
     batches) that a quarter of the objects and one batch more filled first, so that (with
     the default sizes) the fill's last batch is the store's first eviction and every batch
     timed evicts: a cache's steady state. (The first eviction of a store is not: a
     ``file_per_key`` store has no spare files to overwrite yet and creates its files.)
-    Returns bytes/s of that second pass."""
+    Returns bytes/s of that second pass; the store is then retired."""
     total = len(keys) * arena.size
     backend = open_backend(name, work, engine, max(total // 4, 2 * batch_bytes) + (1 << 20))
     try:
@@ -370,7 +406,7 @@ def gdskv_write_full(name: str, work: Path, engine, arena: Arena, keys: Sequence
         return gdskv_write(backend, arena, keys, batch_bytes, evicting=True)
     finally:
         backend.close()
-        shutil.rmtree(work)
+        retired.retire(work)
 
 
 def gdskv_read(backend, keys: Sequence[bytes], size: int, qd: int, outs: List[memoryview], seed: int) -> float:
@@ -526,12 +562,15 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"in memory allocated as the DRAM tier's arena (transparent huge pages: {transparent_huge_pages() or 'none'})")
     print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
           f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
+    print("# a finished run's store is truncated, and deleted at the end: files made within a minute of deleting "
+          "many are slow to make on ext4 without a journal (RetiredStores)")
 
     engines = open_engines(engine_names, base)
     warmer = next(iter(engines.values()), None)  # moves the values' memory once before the clock (warm_memory)
     capacity = max(sizes) * 4 + total * 2 + args.rand_objects * 16384
     fio_dir = base / "fio"
     fio_dir.mkdir(exist_ok=True)
+    retired = RetiredStores(base)  # measured stores, deleted at the end (see RetiredStores)
     fio_job = functools.partial(fio_run, fio, fio_dir, direct=True, mem=fio_mem.option)  # O_DIRECT, as gdskv
     samples: Dict[tuple, List[float]] = {}
     ratios: Dict[tuple, List[float]] = {}  # gdskv's figure over its paired fio's, by gdskv key
@@ -584,9 +623,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    gdskv_read(backend, keys, size, args.qd, outs, args.seed + r), peer["read"])
                     finally:
                         backend.close()
-                    shutil.rmtree(work)
+                    retired.retire(work)
                     add_paired((engine_name, backend_name, "write full", size),
-                               gdskv_write_full(backend_name, work, engine, arena, keys, batch_bytes), peer["write full"])
+                               gdskv_write_full(backend_name, work, engine, arena, keys, batch_bytes, retired),
+                               peer["write full"])
             del arena, outs, out_area
 
         # 4 KiB random reads: one data set per engine x backend, written once, read each repeat.
@@ -628,6 +668,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for engine_name, backend_name in small:  # a given --dir keeps only what was there
             shutil.rmtree(base / f"small-{engine_name}-{backend_name}", ignore_errors=True)
         shutil.rmtree(fio_dir, ignore_errors=True)
+        retired.clear()
 
     rows = []
     for engine_name in engines:

@@ -161,3 +161,29 @@ def test_ratios_print_rounded_down_so_a_miss_never_reads_as_the_target():
     finally:
         sys.path.remove(str(SCRIPT.parent))
     assert [fmt_ratio(r) for r in (0.4957, 0.5, 0.29, 0.899999, 1.249, None)] == ["0.49x", "0.50x", "0.29x", "0.89x", "1.24x", "-"]
+
+
+def test_a_retired_store_gives_its_space_back_at_once_and_its_files_at_the_end(tmp_path):
+    """A finished run's store is truncated and moved aside, not deleted (see RetiredStores):
+    its bytes are freed, its inodes stay in use until the end of the run."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_io
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    store = tmp_path / "store"
+    (store / "a" / "b").mkdir(parents=True)
+    (store / "a" / "b" / "x.rec").write_bytes(b"x" * 8192)
+    (store / "top.idx").write_bytes(b"y" * 100)
+    retired = bench_io.RetiredStores(tmp_path)
+    retired.retire(store)
+    assert not store.exists()
+    kept = sorted(p for p in retired.dir.rglob("*") if p.is_file())
+    assert [p.name for p in kept] == ["x.rec", "top.idx"]
+    assert all(p.stat().st_size == 0 for p in kept)
+    store.mkdir()  # the next run's store takes the same path
+    (store / "z").write_bytes(b"z")
+    retired.retire(store)
+    assert len(list(retired.dir.iterdir())) == 2
+    retired.clear()
+    assert not retired.dir.exists() and list(tmp_path.iterdir()) == []
