@@ -359,7 +359,7 @@ class RetiredStores:
     those at no cost."""
 
     def __init__(self, base: Path) -> None:
-        self.dir = base / "retired"
+        self.dir = base / "retired-stores"
         self.count = 0
 
     def retire(self, store: Path) -> None:
