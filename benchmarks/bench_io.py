@@ -359,7 +359,8 @@ class RetiredStores:
     those at no cost."""
 
     def __init__(self, base: Path) -> None:
-        self.dir = base / "retired-stores"
+        #: A directory of this run's own (what a killed run left in ``base`` is not in the way).
+        self.dir = Path(tempfile.mkdtemp(prefix="retired-stores-", dir=base))
         self.count = 0
 
     def retire(self, store: Path) -> None:
@@ -367,7 +368,6 @@ class RetiredStores:
         for path in store.rglob("*"):
             if path.is_file() and not path.is_symlink():
                 os.truncate(path, 0)
-        self.dir.mkdir(exist_ok=True)
         store.rename(self.dir / str(self.count))
         self.count += 1
 

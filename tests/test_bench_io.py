@@ -175,6 +175,7 @@ def test_a_retired_store_gives_its_space_back_at_once_and_its_files_at_the_end(t
     (store / "a" / "b").mkdir(parents=True)
     (store / "a" / "b" / "x.rec").write_bytes(b"x" * 8192)
     (store / "top.idx").write_bytes(b"y" * 100)
+    (tmp_path / "retired-stores-left-by-a-killed-run" / "0").mkdir(parents=True)
     retired = bench_io.RetiredStores(tmp_path)
     retired.retire(store)
     assert not store.exists()
@@ -186,4 +187,5 @@ def test_a_retired_store_gives_its_space_back_at_once_and_its_files_at_the_end(t
     retired.retire(store)
     assert len(list(retired.dir.iterdir())) == 2
     retired.clear()
-    assert not retired.dir.exists() and list(tmp_path.iterdir()) == []
+    assert not retired.dir.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["retired-stores-left-by-a-killed-run"]
