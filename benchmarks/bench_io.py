@@ -352,7 +352,7 @@ class RetiredStores:
     On ext4 without a journal the inode allocator passes over every inode freed less than a
     minute ago (five more while its inode table block is dirty), testing them one by one
     (the kernel's ``recently_deleted()``). On the test VM, making a file within a minute of
-    deleting a few thousand took 250-1000 µs, 30-50 µs otherwise. Deleting the last run's
+    deleting a few thousand took 0.25-1.1 ms, 33-52 µs otherwise. Deleting the last run's
     store at once (a ``file_per_key`` store of 2 MiB objects is 256 files, of 256 KiB 2048)
     would charge the next store's writes for what the benchmark did before them; fio's
     peer makes one file. A retired store keeps its inodes in use, and the allocator skips
