@@ -3,7 +3,14 @@
 For each ``--sizes`` capacity: fill an ``offset`` store of that capacity with objects of
 ``--object`` bytes, then write ``--write`` bytes more (every batch evicts, and a checkpoint
 comes each time the window fills), and print the write's MiB/s, the time spent in
-checkpoints and the bytes they wrote. In the same run the same is done:
+checkpoints, the bytes they wrote and how many of them were bases (``bases``: bases /
+checkpoints). A base lists every object, so one in the write weighs on its figure. A base
+comes once the deltas since the last one add up to more bytes than it (or number 64), so
+while a store fills one comes each time the store has doubled: a 16 GiB store of 64 KiB
+objects (a checkpoint per 256 MiB) took bases at its 4th, 8th, 16th and 32nd checkpoints,
+then at its 63rd, in the first batches written after the fill, and none in the 14
+checkpoints of the next 3.5 GiB. A longer ``--write`` spreads that one. In the same run the
+same is done:
 
 - with every checkpoint a *base* (a full listing of the store, as before checkpoint deltas;
   ``bases only``), the peer that shows what the deltas save;
@@ -61,11 +68,13 @@ def measure(name: str, work: Path, engine, capacity: int, values: Cycling, writt
             fill = capacity // (values.size + 4096)
             gdskv_write(backend, values, [b"fill-%010d" % i for i in range(fill)], batch, evicting=True)
             counters = getattr(backend, "counters", {})
-            seconds, nbytes = counters.get("checkpoint_seconds", 0.0), counters.get("checkpoint_bytes", 0)
+            before = {name: counters.get(name, 0) for name in ("checkpoint_seconds", "checkpoint_bytes", "checkpoints", "checkpoint_bases")}
             rate = gdskv_write(backend, values, [b"more-%010d" % i for i in range(written // values.size)], batch, evicting=True)
+            taken = {name: counters.get(name, 0) - value for name, value in before.items()}
             return {
-                "objects": fill, "rate": rate, "checkpoint_s": counters.get("checkpoint_seconds", 0.0) - seconds,
-                "checkpoint_bytes": counters.get("checkpoint_bytes", 0) - nbytes,
+                "objects": fill, "rate": rate, "checkpoint_s": taken["checkpoint_seconds"],
+                "checkpoint_bytes": taken["checkpoint_bytes"], "checkpoints": taken["checkpoints"],
+                "bases": taken["checkpoint_bases"],
             }
         finally:
             backend.close()
@@ -94,7 +103,7 @@ def main() -> None:
     warm_memory(engine, base, memoryview(values.arena.map))
     print(f"# bench_checkpoint: {machine()}; {args.engine}, objects of {format_size(object_size)}, "
           f"{format_size(written)} written into each full store")
-    print(f"{'capacity':>10} {'objects':>9} {'run':<12} {'MiB/s':>7} {'checkpoints':>12} {'ckpt MiB':>9}  ratio")
+    print(f"{'capacity':>10} {'objects':>9} {'run':<12} {'MiB/s':>7} {'checkpoints':>12} {'ckpt MiB':>9} {'bases':>9}  ratio")
     try:
         for capacity in sizes:
             runs = {
@@ -106,7 +115,9 @@ def main() -> None:
                 ratio = "" if label == "offset" else f"offset {runs['offset']['rate'] / run['rate']:.2f}x"
                 ckpt = "" if label == "bucket" else f"{run['checkpoint_s']:.2f} s"
                 mib = "" if label == "bucket" else f"{run['checkpoint_bytes'] / 2**20:.1f}"
-                print(f"{format_size(capacity):>10} {run['objects']:>9} {label:<12} {run['rate'] / 2**20:>7.0f} {ckpt:>12} {mib:>9}  {ratio}", flush=True)
+                bases = "" if label == "bucket" else f"{run['bases']}/{run['checkpoints']}"
+                print(f"{format_size(capacity):>10} {run['objects']:>9} {label:<12} {run['rate'] / 2**20:>7.0f} {ckpt:>12} {mib:>9} "
+                      f"{bases:>9}  {ratio}", flush=True)
     finally:
         engine.close()
         if not args.dir:

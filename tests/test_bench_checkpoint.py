@@ -21,3 +21,8 @@ def test_bench_checkpoint_prints_offset_bases_only_and_bucket(tmp_path):
     assert runs["bases only"][-1].endswith("x") and runs["bucket"][-1].endswith("x")
     # checkpoint MiB: a delta lists what changed, a base everything
     assert float(runs["offset"][7]) < float(runs["bases only"][8])
+    # bases / checkpoints of the write: every one with bases only, fewer with deltas
+    bases, taken = map(int, runs["bases only"][9].split("/"))
+    assert taken > 1 and bases == taken
+    bases, taken = map(int, runs["offset"][8].split("/"))
+    assert taken > 1 and bases < taken

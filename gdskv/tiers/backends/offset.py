@@ -157,6 +157,7 @@ class OffsetBackend(StorageBackend):
             "bytes_written": 0,
             "objects_evicted": 0,
             "checkpoints": 0,
+            "checkpoint_bases": 0,  # of them, bases (each lists every object)
             "checkpoint_bytes": 0,
             "checkpoint_seconds": 0.0,
             "tombstones": 0,
@@ -447,6 +448,7 @@ class OffsetBackend(StorageBackend):
         if base:
             self._base, self._deltas, self._delta_bytes, self._base_bytes = watermark, 0, 0, len(data)
             self._base_due = False
+            self.counters["checkpoint_bases"] += 1
         else:
             self._deltas += 1
             self._delta_bytes += len(data)

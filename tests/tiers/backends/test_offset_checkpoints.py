@@ -92,14 +92,17 @@ def test_evictions_overwrites_and_removals_survive_through_deltas(tmp_path, dire
 def test_deltas_are_folded_into_a_new_base(tmp_path, direct_psync, monkeypatch):
     monkeypatch.setattr(offset_module, "base_is_due", lambda n, nbytes, base: n >= 3)
     backend = open_backend(tmp_path, direct_psync)
+    bases = backend.counters["checkpoint_bases"]  # (the open's)
     spec = {}
     for i in range(3):
         spec.update(fill(backend, f"g{i}-", 2, seed=10 * i))
         take_checkpoint(backend)
     assert len(deltas(tmp_path)) == 3 and backend.layout_stats()["checkpoint_deltas"] == 3
+    assert backend.counters["checkpoint_bases"] == bases
     spec.update(fill(backend, "last", 1, seed=99))
     take_checkpoint(backend)  # the fourth: a base, and the deltas go
     assert deltas(tmp_path) == [] and backend.layout_stats()["checkpoint_deltas"] == 0
+    assert backend.counters["checkpoint_bases"] == bases + 1
     holds_after_crash(backend, tmp_path, direct_psync, spec)
 
 
