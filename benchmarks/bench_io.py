@@ -514,7 +514,9 @@ def fmt_rate(value: float, small: bool) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir in /var/tmp)")
-    p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB)")
+    p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB; on the test VM "
+                        "2GiB made each run last 0.8 s and fio's runs steadier: 0.85x-1.19x from one to the next against "
+                        "0.75x-1.35x)")
     p.add_argument("--sizes", default="256KiB,2MiB,16MiB", help="object sizes (default 256KiB,2MiB,16MiB)")
     p.add_argument("--engines", default="uring,psync")
     p.add_argument("--backends", default="bucket,offset,file_per_key",
