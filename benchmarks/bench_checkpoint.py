@@ -68,9 +68,10 @@ def measure(name: str, work: Path, engine, capacity: int, values: Cycling, writt
             fill = capacity // (values.size + 4096)
             gdskv_write(backend, values, [b"fill-%010d" % i for i in range(fill)], batch, evicting=True)
             counters = getattr(backend, "counters", {})
-            before = {name: counters.get(name, 0) for name in ("checkpoint_seconds", "checkpoint_bytes", "checkpoints", "checkpoint_bases")}
+            watched = ("checkpoint_seconds", "checkpoint_bytes", "checkpoints", "checkpoint_bases")
+            before = {counter: counters.get(counter, 0) for counter in watched}
             rate = gdskv_write(backend, values, [b"more-%010d" % i for i in range(written // values.size)], batch, evicting=True)
-            taken = {name: counters.get(name, 0) - value for name, value in before.items()}
+            taken = {counter: counters.get(counter, 0) - value for counter, value in before.items()}
             return {
                 "objects": fill, "rate": rate, "checkpoint_s": taken["checkpoint_seconds"],
                 "checkpoint_bytes": taken["checkpoint_bytes"], "checkpoints": taken["checkpoints"],
