@@ -355,8 +355,9 @@ class RetiredStores:
     deleting a few thousand took 0.25-1.1 ms, 33-52 µs otherwise. Deleting the last run's
     store at once (a ``file_per_key`` store of 2 MiB objects is 256 files, of 256 KiB 2048)
     would charge the next store's writes for what the benchmark did before them; fio's
-    peer makes one file. A retired store keeps its inodes in use, and the allocator skips
-    those at no cost."""
+    peer makes one file. A retired store keeps its inodes in use: the allocator passes over
+    those in its bitmap, without looking at each one (with stores retired, making a file
+    took 38-101 µs, medians over eight stores of 32 or of 256 files each)."""
 
     def __init__(self, base: Path) -> None:
         #: A directory of this run's own (what a killed run left in ``base`` is not in the way).

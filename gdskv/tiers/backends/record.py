@@ -219,9 +219,8 @@ def encode_keys(bucket_id: int, keys: Iterable[bytes]) -> bytes:
         head = heads.get(len(key))
         if head is None:
             head = heads[len(key)] = INDEX_ENTRY.pack(0, 0, 0, 0, len(key))
-        parts.append(head)
-        parts.append(key)
-    return _index_bytes(bucket_id, 0, len(parts) // 2, b"".join(parts))
+        parts.append(head + key)  # (one bytes per entry, as encode_index makes them)
+    return _index_bytes(bucket_id, 0, len(parts), b"".join(parts))
 
 
 def _index_bytes(bucket_id: int, data_len: int, count: int, body: bytes) -> bytes:

@@ -7,7 +7,7 @@ import struct
 
 import crc32c
 
-from gdskv.tiers.backends.record import IndexEntry, decode_index, encode_index
+from gdskv.tiers.backends.record import IndexEntry, decode_index, encode_index, encode_keys
 
 
 def test_an_index_is_its_header_then_each_entry_and_its_key():
@@ -26,3 +26,11 @@ def test_an_index_is_its_header_then_each_entry_and_its_key():
     assert decode_index(expected) == (42, 1 << 41, entries)
     empty = struct.pack("<4sHHQIQI", b"GKVI", 1, 0, 3, 0, 0, crc32c.crc32c(b""))
     assert encode_index(3, 0, []) == empty + struct.pack("<I", crc32c.crc32c(empty))
+
+
+def test_an_index_of_keys_alone_is_an_index_of_entries_whose_other_fields_are_zero():
+    keys = [b"gone-1", b"", b"gone-1", b"a much longer key \x00" * 5]
+    expected = encode_index(9, 0, [IndexEntry(key, 0, 0, 0, 0) for key in keys])
+    assert encode_keys(9, keys) == expected
+    assert encode_keys(9, iter(keys)) == expected
+    assert encode_keys(9, []) == encode_index(9, 0, [])
