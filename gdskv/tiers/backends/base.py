@@ -18,10 +18,9 @@ backend). Primitives and their contracts:
   of the replica: :data:`TRANSIENT_ERRNOS`, or any once the backend is closed; those are
   only counted). Bytes are verified before a size is
   returned, so a returned size always means correct bytes. The base class implements it
-  once (groups submitted as they are planned, each read verified as it completes, against
-  the checksum the engine computed as it copied the bytes out of staging where it did);
-  backends provide ``_plan_reads`` (look up, pin, build requests with
-  :func:`read_request`), ``_unpin_reads`` and ``_drop_read``.
+  once (groups submitted as they are planned, each read verified as it completes);
+  backends provide ``_plan_reads`` (look up, pin, build requests), ``_unpin_reads`` and
+  ``_drop_read``.
 - ``remove(key) -> bool``: forget the object durably (a reopen does not bring it back).
 - ``check() -> list[bytes]``: verify every object; drop and return the corrupt ones' keys.
 - ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``.
@@ -70,15 +69,6 @@ class RecoveryReport:
 #: Reads of a batch handed to the engine at once (see :meth:`StorageBackend.read_batch`).
 READ_GROUP = 16
 
-#: Read failures that say nothing about the replica (this process's descriptors or memory
-#: ran short, or a descriptor was closed under the read): the read is a miss, the replica
-#: is kept.
-TRANSIENT_ERRNOS = frozenset({errno.EBADF, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
-
-WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
-ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
-
-
 def value_checksum(future: Any, index: int, key: bytes, out: memoryview, size: int) -> int:
     """CRC32C of ``key`` and the ``size`` bytes read into ``out`` by request ``index`` of
     ``future``: the engine's, if it computed it as it copied the bytes out of staging
@@ -94,6 +84,15 @@ def read_request(fd: int, offset: int, key: bytes, out: memoryview, size: int, p
     asking the engine for its checksum, seeded with the key's (records hold the CRC32C of
     key and value)."""
     return IoRequest(IoOp.READ, fd, offset, (out if out.nbytes == size else out[:size],), path, direct, crc32c(key))
+
+
+#: Read failures that say nothing about the replica (this process's descriptors or memory
+#: ran short, or a descriptor was closed under the read): the read is a miss, the replica
+#: is kept.
+TRANSIENT_ERRNOS = frozenset({errno.EBADF, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
+
+WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
+ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
 
 
 class StorageBackend:
