@@ -44,7 +44,7 @@ import errno
 import logging
 import os
 import time
-from typing import Any, Dict, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from gdskv.errors import GdskvError, InvalidValueError, IoError
 from gdskv.gds.aligned import open_file
@@ -64,9 +64,8 @@ class IoRequest(NamedTuple):
     transfer size. ``path`` is only used in error messages. ``direct`` says whether ``fd``
     is ``O_DIRECT`` when the caller knows (it opened the file and kept the answer of
     :func:`~gdskv.gds.aligned.is_direct_fd`); None lets the engine ask the kernel, once
-    per file and batch. ``checksum_seed``, on a read, asks for the CRC32C of the bytes read,
-    seeded with it (:meth:`IoFuture.checksum`). Immutable (a named tuple: cheap to build,
-    which matters at hundreds of thousands of requests per second).
+    per file and batch. Immutable (a named tuple: cheap to build, which matters at hundreds
+    of thousands of requests per second).
     """
 
     op: IoOp
@@ -75,7 +74,6 @@ class IoRequest(NamedTuple):
     buffers: Sequence[memoryview]
     path: str = ""
     direct: Optional[bool] = None
-    checksum_seed: Optional[int] = None
 
     @property
     def nbytes(self) -> int:
@@ -169,14 +167,6 @@ class IoFuture:
     def done(self) -> bool:
         return all(p.done() for p in self._parts)
 
-    def checksum(self, index: int) -> Optional[int]:
-        """The CRC32C of the bytes request ``index`` read (seeded with its
-        ``checksum_seed``), where the engine computed it as it copied them out of its
-        staging memory, in order; None otherwise (no seed, a transfer straight into the
-        caller's memory, chunks that ended out of order, an engine that does not): the
-        caller computes it then. Valid once the request has ended well."""
-        return None
-
     def result(self, timeout: Optional[float] = None) -> List[int]:
         """Wait for every request; raise the first request's error, if any, or
         ``TimeoutError`` if ``timeout`` seconds pass while a request is still in flight
@@ -228,10 +218,6 @@ class DrivenFuture(IoFuture):
         self._values: List[Union[int, BaseException, None]] = [None] * count
         self._pending = count
         self._order: List[int] = []  # indices in the order they resolved
-        self._checksums: Optional[Dict[int, int]] = None  # by index: see checksum()
-
-    def checksum(self, index: int) -> Optional[int]:
-        return None if self._checksums is None else self._checksums.get(index)
 
     def _wait(self, timeout: Optional[float], resolved: Optional[int] = None) -> None:  # pragma: no cover
         """Return once every request has ended (or, given ``resolved``, more than that many

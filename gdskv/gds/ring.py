@@ -49,13 +49,6 @@ completions consumed as entries put), and rebuilds its state from what is left
 (:meth:`Ring._repair`): the requests whose work was lost end with :class:`IoError`, their
 staging slots come back, and the rest of the backlog goes on.
 
-A staged read whose request carries a ``checksum_seed`` gets its CRC32C computed chunk by
-chunk right after each chunk is copied out of staging, while those bytes are in cache: a
-16 MiB value copied out and then checksummed in a second pass over memory cost 2.8 ms on
-the test VM, checksummed as it is copied 2.1 ms (the copy alone 1.8 ms). The chunks of a
-request must end in order for it (they nearly always do); when one ends before the one
-ahead of it, the request gets no checksum and its caller computes one.
-
 A short transfer is resumed where it stopped; a transfer that makes no progress before the
 bytes the caller asked for raises :class:`IoError` with path, offset and lengths, as does
 any error the kernel returns. A request's future resolves only once none of its ops is in
@@ -73,8 +66,6 @@ import threading
 import time
 import weakref
 from typing import Any, Collection, Deque, Dict, Generator, List, Optional, Sequence, Set, Union
-
-from crc32c import crc32c
 
 from gdskv.errors import ConfigError, GdskvError, IoError, StoreClosedError
 from gdskv.gds.aligned import DIRECT_ALIGN, HUGE_PAGE, IOV_MAX, SMALL_READ, AlignedBuffer, address_of, advance, alloc_aligned, is_aligned, is_direct_fd, split_views
@@ -196,7 +187,7 @@ class _Watch:
 class _Req:
     """One request of a batch: its ops, first error, and where its result goes."""
 
-    __slots__ = ("future", "index", "request", "nbytes", "pending", "error", "bounce", "crc", "crc_end")
+    __slots__ = ("future", "index", "request", "nbytes", "pending", "error", "bounce")
 
     def __init__(self, future: RingFuture, index: int, request: IoRequest) -> None:
         self.future = future
@@ -206,10 +197,6 @@ class _Req:
         self.pending = 0
         self.error: Optional[BaseException] = None
         self.bounce: Optional[Bounce] = None
-        #: A staged read asked for its checksum: the CRC32C so far, of the bytes up to file
-        #: offset ``crc_end`` (None: none asked for, or its chunks ended out of order).
-        self.crc: Optional[int] = None
-        self.crc_end = 0
 
 
 class _Op:
@@ -346,10 +333,6 @@ class Ring:
         self._watchers: Dict[Any, _Watch] = {}
         #: Bytes of O_DIRECT writes moved through staging (whole blocks), for ``describe()``.
         self.staged_write_bytes = 0
-        #: Staged reads whose checksum was asked for: computed as their chunks were copied
-        #: out, or not, a chunk having ended before the one ahead of it.
-        self.checksums_on_copy = 0
-        self.checksums_out_of_order = 0
 
     # ------------------------------------------------------------------ submission
 
@@ -458,8 +441,6 @@ class Ring:
             return self._write_ops(req)
         plan = req.bounce = Bounce(r, self.chunk_bytes, nbytes)
         if r.op is IoOp.READ:
-            if r.checksum_seed is not None:
-                req.crc, req.crc_end = r.checksum_seed, r.offset
             return [_Op(req, c_lo, c_hi - c_lo, plan.need(c_lo, c_hi), None) for c_lo, c_hi in plan.pieces]
         self.staged_write_bytes += plan.hi - plan.lo
         return [_Op(req, c_lo, c_hi - c_lo, c_hi - c_lo, None, plan) for c_lo, c_hi in plan.pieces]
@@ -837,24 +818,8 @@ class Ring:
             self._backlog.appendleft(op)  # resume where it stopped
             return
         if op.buffers is None and request.op is IoOp.READ:
-            staged = self._slot_views[op.slot][: op.length]  # type: ignore[index]
-            req.bounce.drain(op.c_lo, op.c_hi, staged)  # type: ignore[union-attr]
-            if req.crc is not None:
-                self._checksum_chunk(req, op, staged)
+            req.bounce.drain(op.c_lo, op.c_hi, self._slot_views[op.slot][: op.length])  # type: ignore[union-attr,index]
         self._finish_op(op)
-
-    def _checksum_chunk(self, req: _Req, op: _Op, staged: memoryview) -> None:
-        """Add the requested bytes of read chunk ``op``, just copied out of ``staged`` (so
-        in cache), to its request's checksum, if they are the next ones; a chunk that ended
-        before the one ahead of it leaves the request without (its caller computes it)."""
-        plan = req.bounce
-        a, b = max(op.c_lo, plan.offset), min(op.c_hi, plan.end)  # type: ignore[union-attr]
-        if a != req.crc_end:
-            req.crc = None
-            self.checksums_out_of_order += 1
-            return
-        req.crc = crc32c(staged[a - op.c_lo : b - op.c_lo], req.crc)
-        req.crc_end = b
 
     def _repair(self) -> None:
         """Rebuild the bookkeeping an exception cut short, once the kernel holds none of
@@ -929,12 +894,6 @@ class Ring:
                 req.bounce.finish()
             except OSError as exc:
                 req.error = request_error(req.request, req.request.offset, exc)
-        if req.crc is not None and req.error is None and req.crc_end == req.bounce.end:  # type: ignore[union-attr]
-            future = req.future
-            if future._checksums is None:
-                future._checksums = {}
-            future._checksums[req.index] = req.crc
-            self.checksums_on_copy += 1
         req.future._resolve(req.index, req.error if req.error is not None else req.nbytes)
 
     # ------------------------------------------------------------------ waiting

@@ -129,8 +129,6 @@ class UringEngine(IoEngine):
             rings = len(self._rings)
             fixed = all(r.fixed for r in self._rings) if rings else self.fixed
             staged = sum(r.staged_write_bytes for r in self._rings)
-            on_copy = sum(r.checksums_on_copy for r in self._rings)
-            out_of_order = sum(r.checksums_out_of_order for r in self._rings)
         return {
             **super().describe(),
             "depth": self.depth,
@@ -139,8 +137,6 @@ class UringEngine(IoEngine):
             "rings": rings,
             "fixed_buffers": fixed,
             "staged_write_bytes": staged,
-            "read_checksums_on_copy": on_copy,
-            "read_checksums_out_of_order": out_of_order,
         }
 
     def close(self) -> None:

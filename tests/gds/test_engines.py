@@ -15,7 +15,6 @@ from conftest import block, uring_unavailable
 from gdskv.errors import InvalidValueError, IoError, StoreClosedError
 from gdskv.gds import IoRequest, make_engine
 from gdskv.gds.aligned import alloc_aligned, is_direct_fd
-from gdskv.gds.engine import IoOp
 
 
 def _engine(name: str, direct: bool, **kw):
@@ -751,83 +750,3 @@ def test_a_short_fault_whose_half_read_fails_fails_its_request_alone(tmp_path):
     finally:
         os.close(fd)
         engine.close()
-
-
-# ------------------------------------------------------------------ checksums of reads
-
-
-def _seeded_read(fd, path, offset, out, seed):
-    return IoRequest(IoOp.READ, fd, offset, (out,), path, checksum_seed=seed)
-
-
-@pytest.mark.parametrize("offset,size", [(0, 300_000), (777, 200_000), (4096, 64 << 10), (100, 10)])
-def test_a_checksum_given_is_the_crc32c_of_the_bytes_read(engine, datafile, offset, size):
-    """Whatever the engine and the path (staged in several chunks, partial first and last
-    blocks, straight into memory, a small read), a checksum it gives is the CRC32C of the
-    bytes read, seeded as asked; only staged reads are promised one (below)."""
-    from crc32c import crc32c
-
-    fd, path = datafile
-    data = block(3, 400_000)
-    engine.run([IoRequest.write(fd, 0, memoryview(data), path=path)])
-    outs = [memoryview(bytearray(size + 64))[64:], memoryview(bytearray(size))]  # one off any alignment
-    seed = crc32c(b"the key")
-    future = engine.submit([_seeded_read(fd, path, offset, out, seed) for out in outs] + [IoRequest.read(fd, offset, outs[1], path=path)])
-    assert future.result() == [size] * 3
-    want = crc32c(data[offset : offset + size], seed)
-    for i in range(3):
-        assert future.checksum(i) in (None, want)
-    assert future.checksum(2) is None  # none asked for
-
-
-def test_staged_reads_come_with_their_checksum(tmp_path):
-    """A uring read staged through several chunks (O_DIRECT into unaligned memory) is
-    checksummed as its chunks are copied out: the caller need not read the bytes again."""
-    if uring_unavailable():
-        pytest.skip(uring_unavailable())
-    from crc32c import crc32c
-
-    # One chunk in flight at a time: they end in order (with more, the disk may reorder them).
-    engine = _engine("uring", True, chunk_bytes=64 << 10, read_inflight_bytes=64 << 10)
-    path = tmp_path / "data"
-    fd = engine.open_file(path, os.O_RDWR | os.O_CREAT)
-    try:
-        data = block(4, 1 << 20)
-        engine.run([IoRequest.write(fd, 0, memoryview(data), path=str(path))])
-        out = memoryview(bytearray(600_000 + 64))[64:]
-        future = engine.submit([_seeded_read(fd, str(path), 4096 + 10, out, 7)])
-        assert future.result() == [600_000] and bytes(out) == data[4106:604_106]
-        assert future.checksum(0) == crc32c(data[4106:604_106], 7)
-        stats = engine.describe()
-        assert stats["read_checksums_on_copy"] == 1 and stats["read_checksums_out_of_order"] == 0
-    finally:
-        os.close(fd)
-        engine.close()
-
-
-def test_a_staged_read_whose_chunks_end_out_of_order_gets_no_checksum():
-    """The checksum is built in file order; a chunk that ends before the one ahead of it
-    gives the request none (its caller computes one), and the count says so."""
-    if uring_unavailable():
-        pytest.skip(uring_unavailable())
-    from gdskv.gds.bounce import Bounce
-    from gdskv.gds.ring import Ring, _Op, _Req
-    from gdskv.gds.uring import load_liburing
-
-    ring = Ring(load_liburing(), depth=4, slots=2, chunk_bytes=8192, fixed=False)
-    try:
-        out = memoryview(bytearray(3 * 8192))
-        request = IoRequest(IoOp.READ, 0, 0, (out,), direct=True, checksum_seed=5)
-        req = _Req(None, 0, request)  # type: ignore[arg-type]
-        req.bounce = Bounce(request, 8192)
-        req.crc, req.crc_end = 5, 0
-        staged = memoryview(bytearray(8192))
-        second, first = _Op(req, 8192, 8192, 8192, None), _Op(req, 0, 8192, 8192, None)
-        ring._checksum_chunk(req, second, staged)
-        assert req.crc is None and ring.checksums_out_of_order == 1
-        req.crc, req.crc_end = 5, 0
-        ring._checksum_chunk(req, first, staged)
-        ring._checksum_chunk(req, second, staged)
-        assert req.crc is not None and req.crc_end == 16384 and ring.checksums_out_of_order == 1
-    finally:
-        ring.close()

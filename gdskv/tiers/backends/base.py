@@ -38,12 +38,14 @@ import dataclasses
 import errno
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from crc32c import crc32c
 
 from gdskv.errors import InvalidValueError, StoreClosedError
-from gdskv.gds.engine import IoOp, IoRequest
+
+if TYPE_CHECKING:
+    from gdskv.gds.engine import IoRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,23 +70,6 @@ class RecoveryReport:
 
 #: Reads of a batch handed to the engine at once (see :meth:`StorageBackend.read_batch`).
 READ_GROUP = 16
-
-def value_checksum(future: Any, index: int, key: bytes, out: memoryview, size: int) -> int:
-    """CRC32C of ``key`` and the ``size`` bytes read into ``out`` by request ``index`` of
-    ``future``: the engine's, if it computed it as it copied the bytes out of staging
-    (requests made by :func:`read_request` ask for it), or computed here."""
-    crc = future.checksum(index)
-    if crc is None:
-        crc = crc32c(out if out.nbytes == size else out[:size], crc32c(key))
-    return crc
-
-
-def read_request(fd: int, offset: int, key: bytes, out: memoryview, size: int, path: str, direct: Optional[bool] = None) -> IoRequest:
-    """The request that reads the ``size``-byte value of ``key`` at ``offset`` into ``out``,
-    asking the engine for its checksum, seeded with the key's (records hold the CRC32C of
-    key and value)."""
-    return IoRequest(IoOp.READ, fd, offset, (out if out.nbytes == size else out[:size],), path, direct, crc32c(key))
-
 
 #: Read failures that say nothing about the replica (this process's descriptors or memory
 #: ran short, or a descriptor was closed under the read): the read is a miss, the replica
@@ -165,7 +150,7 @@ class StorageBackend:
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, Any]], pins: List[Any]
-    ) -> List[IoRequest]:  # pragma: no cover
+    ) -> "List[IoRequest]":  # pragma: no cover
         """The requests that read ``items[start:end]`` (lock held). For each item stored,
         append ``(item index, index entry)`` to ``plan``, what it pinned to ``pins``, and
         return its request; raise :class:`InvalidValueError` (before pinning it) for an
@@ -243,7 +228,7 @@ class StorageBackend:
                 self.counters["read_errors"] += 1
                 if not isinstance(outcome, InvalidValueError) and getattr(outcome, "context", {}).get("errno") not in TRANSIENT_ERRNOS:
                     bad.append((j, entry, f"read failed: {outcome}"))
-            elif outcome != size or value_checksum(future, k, key, out, size) != entry.crc:
+            elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1
                 bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
             else:

@@ -42,8 +42,8 @@ from gdskv.errors import (
     NoSpaceError,
 )
 from gdskv.gds.aligned import preallocate
-from gdskv.gds.engine import IoEngine, IoRequest
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem, read_request
+from gdskv.gds.engine import IoEngine, IoOp, IoRequest
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.coalesce import coalesced_writes
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
@@ -60,6 +60,8 @@ from gdskv.tiers.backends.record import (
 )
 
 log = logging.getLogger(__name__)
+
+_READ = IoOp.READ
 
 DATA_SUFFIX = ".data"
 INDEX_SUFFIX = ".index"
@@ -471,7 +473,7 @@ class BucketBackend(StorageBackend):
             touch(bucket.id)
             plan.append((i, entry))
             pins.append(bucket)
-            requests.append(read_request(fd, entry.value_offset, key, out, size, bucket.path))
+            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), bucket.path))
         return requests
 
     def _unpin_reads(self, pins: List[_Bucket]) -> None:

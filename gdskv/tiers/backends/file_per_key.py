@@ -64,8 +64,8 @@ import xxhash
 from gdskv.config import FILE_PER_KEY_SYNC_MODES, check_choice
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
-from gdskv.gds.engine import IoEngine, IoFuture, IoRequest
-from gdskv.tiers.backends.base import TRANSIENT_ERRNOS, ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem, read_request
+from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
+from gdskv.tiers.backends.base import TRANSIENT_ERRNOS, ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, syncfs, syncfs_available, unlink_quietly
 from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
@@ -81,6 +81,7 @@ from gdskv.tiers.backends.record import (
 
 log = logging.getLogger(__name__)
 
+_READ = IoOp.READ
 
 SUFFIX = ".rec"
 #: The hex digits that name the shard directories of each of the tree's two levels.
@@ -786,7 +787,7 @@ class FilePerKeyBackend(StorageBackend):
             touch(key)
             plan.append((i, entry))
             pins.append(handle)
-            requests.append(read_request(handle.fd, entry.value_offset, key, out, size, handle.path, handle.direct))
+            requests.append(IoRequest(_READ, handle.fd, entry.value_offset, (out if out.nbytes == size else out[:size],), handle.path, handle.direct))
         return requests
 
     def _unpin_reads(self, pins: List[Handle]) -> None:

@@ -66,9 +66,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
-from gdskv.gds.engine import IoEngine, IoRequest
+from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem, read_request
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.checkpoints import (
     BASE_FILE,
     base_is_due,
@@ -99,6 +99,7 @@ from gdskv.tiers.backends.window import default_window, in_window, merge_extents
 
 log = logging.getLogger(__name__)
 
+_READ = IoOp.READ
 
 DATA_FILE = "data"
 
@@ -667,7 +668,7 @@ class OffsetBackend(StorageBackend):
             touch(key)
             plan.append((i, entry))
             pins.append(record)
-            requests.append(read_request(fd, entry.value_offset, key, out, size, path))  # type: ignore[arg-type]
+            requests.append(IoRequest(_READ, fd, entry.value_offset, (out if out.nbytes == size else out[:size],), path))  # type: ignore[arg-type]
         return requests
 
     def _unpin_reads(self, pins: List[int]) -> None:

@@ -115,26 +115,6 @@ def test_a_corrupt_value_in_a_later_group_is_a_miss_and_is_dropped(backend):
     assert backend.lookup(bad) is None and nothing_pinned(backend)
 
 
-def test_a_corrupt_staged_value_is_a_miss_whoever_computed_its_checksum(backend):
-    """Values read through staging (into memory O_DIRECT cannot use) get their checksum from
-    the uring engine, computed as they are copied out; a flipped byte on disk is caught
-    there as when the backend computes it (psync)."""
-    size = 300 * KiB
-    stored = {b"bad": block(1, size), b"good": block(2, size)}
-    backend.write(items(stored))
-    path, offset = value_location(backend, b"bad")
-    with open(path, "r+b") as f:
-        f.seek(offset + size - 1)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x01]))
-    outs = outs_64_past_a_page([size, size])
-    assert backend.read_batch([(b"bad", outs[0]), (b"good", outs[1])]) == [None, size]
-    assert bytes(outs[1][:size]) == stored[b"good"] and backend.stats()["corrupt_reads"] == 1
-    if backend.engine.name == "uring":
-        assert backend.engine.describe()["read_checksums_on_copy"] == 2
-
-
 def test_an_output_too_small_in_a_later_group_raises_after_the_reads_in_flight(backend):
     stored = values(2 * READ_GROUP + 2)
     backend.write(items(stored))
