@@ -8,7 +8,9 @@ For each engine x backend, through the backend API (the layer that puts objects 
   filled first past its cap, so that every batch evicts older objects and the store's first
   eviction is behind it: a cache's steady state);
 - cold-read them all in random order, ``--qd`` objects per batch (O_DIRECT, so nothing
-  comes from the page cache; a buffered engine's files are dropped from it first);
+  comes from the page cache; a buffered engine's files are dropped from it first), each
+  read right after a fio read of its own, both after gdskv's write (``--read-pairs N``:
+  N such pairs per store written);
 - 4 KiB random reads of ``--rand-objects`` small objects, 64 per batch (``--rand-qd``);
   the random batches are drawn before the clock starts (fio draws its offsets at no cost
   worth counting), so the time is gdskv's reading and verifying. The ``psync`` engine runs
@@ -20,9 +22,9 @@ In the same run fio measures the same block size, queue depth and filesystem (io
 O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio of fio's:
 ``write`` against fio writing a new file, ``write full`` (whose backends overwrite the
 files of evicted objects) against fio overwriting a file it wrote, reads against reads.
-Each gdskv run is paired with a fio run of the same operation taken right before it (fio
-runs once per engine x backend and repeat), and its ratio is gdskv's figure over that
-fio's: on a disk whose speed drifts within seconds (shared virtual disks do), a ratio then
+Each gdskv run is paired with a fio run of the same operation taken before it (fio's
+writes right before gdskv's, each read right before gdskv's, once per engine x backend and
+repeat, reads ``--read-pairs`` times), and its ratio is gdskv's figure over that fio's: on a disk whose speed drifts within seconds (shared virtual disks do), a ratio then
 compares two figures taken seconds apart, not a gdskv figure with a fio one from another
 minute. Every repeat runs each engine x backend, in an order rotated from one repeat to the
 next; the table shows the medians of the figures and of the paired ratios (every repeat's
@@ -533,12 +535,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="where written values sit: as the DRAM tier places them, or all 64 bytes past a page (default dram)")
     p.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is printed (default 5: on the test VM's disk a median of three paired ratios "
                         "moved by up to 0.36x between two runs of the same code)")
+    p.add_argument("--read-pairs", type=int, default=1,
+                   help="fio and gdskv reads, one after the other, per store written (default 1); more give each read "
+                        "ratio more pairs, taken closer together")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
     p.add_argument("--fio-mem", choices=("auto", "huge", "malloc"), default="auto",
                    help="fio's buffers: on huge pages like gdskv's arena when enough are free (auto), always (huge: "
                         "as root, reserves them for the run), or fio's default malloc (default auto)")
     args = p.parse_args(argv)
+    if args.read_pairs < 1 or args.repeat < 1:
+        p.error("--repeat and --read-pairs must be at least 1")
 
     total = parse_size(args.size, field="--size")
     sizes = [parse_size(s, field="--sizes") for s in args.sizes.split(",")]
@@ -564,7 +571,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"values placed {'as the DRAM tier does' if args.value_align == 'dram' else '64 bytes past a page'}, "
           f"in memory allocated as the DRAM tier's arena (transparent huge pages: {transparent_huge_pages() or 'none'})")
     print(f"# {format_size(total)} per object size; large reads {args.qd}/batch; writes {format_size(batch_bytes)}/batch; "
-          f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}")
+          f"4 KiB: {args.rand_objects} objects, {args.rand_ops} reads, {args.rand_qd}/batch; median of {args.repeat}"
+          + (f" (large reads: of {args.repeat * args.read_pairs}, {args.read_pairs} pairs per store written)" if args.read_pairs > 1 else ""))
     print("# a finished run's store is truncated, and deleted at the end: files made within a minute of deleting "
           "many are slow to make on ext4 without a journal (RetiredStores)")
 
@@ -608,11 +616,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print("# values and read buffers moved by O_DIRECT once before the timed runs, as a store's memory is after its first pass")
             for r in range(args.repeat):
                 for engine_name, backend_name in rotated(runs, r):
-                    peer: Dict[str, Optional[float]] = {"write": None, "write full": None, "read": None}
+                    peer: Dict[str, Optional[float]] = {"write": None, "write full": None}
                     if fio:
                         peer["write"] = fio_job(rw="write", bs=size, qd=args.qd, size=n * size)
                         peer["write full"] = fio_job(rw="write", bs=size, qd=args.qd, size=n * size, fresh=False)
-                        peer["read"] = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size)
                         for op, value in peer.items():
                             add(("fio", op, size), value)  # type: ignore[arg-type]
                     engine = engines[engine_name]
@@ -620,10 +627,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                     backend = open_backend(backend_name, work, engine, capacity)
                     try:
                         add_paired((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes), peer["write"])
-                        if not engine.direct or engine.direct_refused:
-                            drop_cache(work)
-                        add_paired((engine_name, backend_name, "read", size),
-                                   gdskv_read(backend, keys, size, args.qd, outs, args.seed + r), peer["read"])
+                        # Each read right after a fio read of its own (of the file fio wrote), both
+                        # after gdskv's write: the disk is then in the same state for the two.
+                        for again in range(args.read_pairs):
+                            peer_read = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size) if fio else None
+                            if peer_read:
+                                add(("fio", "read", size), peer_read)
+                            if not engine.direct or engine.direct_refused:
+                                drop_cache(work)
+                            add_paired((engine_name, backend_name, "read", size),
+                                       gdskv_read(backend, keys, size, args.qd, outs, args.seed + r + 1000 * again), peer_read)
                     finally:
                         backend.close()
                     retired.retire(work)

@@ -102,6 +102,21 @@ def test_each_gdskv_run_is_paired_with_a_fio_run_taken_right_before_it(tmp_path)
         assert listing[f"fio/fio {op}"][-1].strip().endswith("3 pairs)"), (op, listing[f"fio/fio {op}"])
 
 
+def test_more_read_pairs_read_each_store_again_after_a_fio_read_of_their_own(tmp_path):
+    """``--read-pairs 3``: each store written is read three times, each read right after a
+    fio read, and each read's ratio is to that fio read; writes keep one pair each."""
+    if not shutil.which("fio"):
+        pytest.skip("fio is not installed")
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
+    out = run_bench(tmp_path, env, engines="uring", extra=("--backends", "bucket", "--fio-mem", "malloc", "--repeat", "2", "--read-pairs", "3"))
+    listing = {line.split(":")[0].strip("# ").rsplit(" ", 2)[0].strip(): line.split(":", 1)[1].split(",")
+               for line in out.splitlines() if line.startswith("#   ")}
+    assert len(listing["fio read"]) == 6 and len(listing["fio write"]) == 2
+    assert len(listing["uring bucket read"]) == 6 and all(run.strip().endswith("x)") for run in listing["uring bucket read"])
+    assert len(listing["uring bucket write"]) == 2
+    assert "(large reads: of 6, 3 pairs per store written)" in out
+
+
 def test_fio_against_itself_is_each_run_over_the_one_before():
     sys.path.insert(0, str(SCRIPT.parent))
     try:
