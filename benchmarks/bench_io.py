@@ -23,10 +23,11 @@ O_DIRECT, a file of the same size), and each gdskv figure is printed as a ratio 
 ``write`` against fio writing a new file, ``write full`` (whose backends overwrite the
 files of evicted objects) against fio overwriting a file it wrote, reads against reads.
 Each gdskv run is paired with a fio run of the same operation taken before it (fio's
-writes right before gdskv's, each read right before gdskv's, once per engine x backend and
-repeat, reads ``--read-pairs`` times), and its ratio is gdskv's figure over that fio's: on a disk whose speed drifts within seconds (shared virtual disks do), a ratio then
-compares two figures taken seconds apart, not a gdskv figure with a fio one from another
-minute. Every repeat runs each engine x backend, in an order rotated from one repeat to the
+writes right before gdskv's writes, each fio read right before a gdskv read; once per
+engine x backend and repeat, reads ``--read-pairs`` times), and its ratio is gdskv's
+figure over that fio's: on a disk whose speed drifts within seconds (shared virtual disks
+do), a ratio then compares two figures taken seconds apart, not a gdskv figure with a fio
+one from another minute. Every repeat runs each engine x backend, in an order rotated from one repeat to the
 next; the table shows the medians of the figures and of the paired ratios (every repeat's
 figure and ratio is printed after it), and then how far fio's runs of one operation differ
 from one another: the noise a single ratio carries on this disk.
