@@ -27,8 +27,8 @@ writes right before gdskv's writes, each fio read right before a gdskv read; onc
 engine x backend and repeat, reads ``--read-pairs`` times), and its ratio is gdskv's
 figure over that fio's: on a disk whose speed drifts within seconds (shared virtual disks
 do), a ratio then compares two figures taken seconds apart, not a gdskv figure with a fio
-one from another minute. Every repeat runs each engine x backend, in an order rotated from one repeat to the
-next; the table shows the medians of the figures and of the paired ratios (every repeat's
+one from another minute. Every repeat runs each engine x backend, in an order rotated
+from one repeat to the next; the table shows the medians of the figures and of the paired ratios (every repeat's
 figure and ratio is printed after it), and then how far fio's runs of one operation differ
 from one another: the noise a single ratio carries on this disk.
 Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
@@ -519,8 +519,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir in /var/tmp)")
     p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB; on the test VM "
-                        "2GiB made each run last 0.8 s and fio's runs steadier: 0.85x-1.19x from one to the next against "
-                        "0.75x-1.35x)")
+                        "2GiB makes each run last about 0.8 s instead of 0.2 s)")
     p.add_argument("--sizes", default="256KiB,2MiB,16MiB", help="object sizes (default 256KiB,2MiB,16MiB)")
     p.add_argument("--engines", default="uring,psync")
     p.add_argument("--backends", default="bucket,offset,file_per_key",
@@ -629,7 +628,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     try:
                         add_paired((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes), peer["write"])
                         # Each read right after a fio read of its own (of the file fio wrote), both
-                        # after gdskv's write: the disk is then in the same state for the two.
+                        # after gdskv's write of the store: the two are a second or so apart.
                         for again in range(args.read_pairs):
                             peer_read = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size) if fio else None
                             if peer_read:
@@ -637,7 +636,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             if not engine.direct or engine.direct_refused:
                                 drop_cache(work)
                             add_paired((engine_name, backend_name, "read", size),
-                                       gdskv_read(backend, keys, size, args.qd, outs, args.seed + r + 1000 * again), peer_read)
+                                       gdskv_read(backend, keys, size, args.qd, outs, args.seed + r * args.read_pairs + again), peer_read)
                     finally:
                         backend.close()
                     retired.retire(work)
