@@ -111,7 +111,7 @@ def ensure_fio(install: bool) -> Optional[str]:
 
 def fio_run(
     fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None,
-    mem: str = "malloc", fresh: bool = True, ioengine: str = "io_uring", jobs: int = 1,
+    mem: str = "malloc", fresh: bool = True, ioengine: str = "io_uring", jobs: int = 1, checked: bool = False,
 ) -> float:
     """One fio job over a file of ``size`` bytes; returns bytes/s, or IOPS for 4 KiB blocks.
     ``ios``: that many I/Os (the same count gdskv does), spread over the file as needed.
@@ -121,8 +121,13 @@ def fio_run(
     blocks are all written: the peer of writing into a full tier, which reuses the files
     of evicted objects (:func:`gdskv.tiers.backends.files.fit_reused_file`).
     ``ioengine``/``jobs``: fio's engine and its number of jobs (processes) on the file; the
-    figure is their sum, and ``ios`` is shared among them."""
-    target = directory / "fio.dat"
+    figure is their sum, and ``ios`` is shared among them.
+    ``checked``: fio's own checksums (``--verify=crc32c``), on a file of its own
+    (``fio-checked.dat``): a write puts a header and a CRC32C in every block, and a read
+    checks every block it reads (fio's CPU then reads every byte, as gdskv's checksum
+    does) and fails on one not written so. A checked read needs a checked write of the
+    same block size first."""
+    target = directory / ("fio-checked.dat" if checked else "fio.dat")
     if rw == "write" and fresh and target.exists():
         target.unlink()
     cmd = [
@@ -132,6 +137,8 @@ def fio_run(
     ]
     if rw == "write":
         cmd.append("--end_fsync=1")
+    if checked:
+        cmd += ["--verify=crc32c", "--verify_fatal=1"] + (["--do_verify=0"] if rw == "write" else [])
     if ios:
         # A random job ends once it has covered the file; ask for as many I/Os as gdskv
         # does (a file of 8192 blocks read once is a short, coarse baseline).
@@ -614,6 +621,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             out_area, outs = out_buffers(args.qd, size, args.out_align)
             if warmer is not None and warm_memory(warmer, base, memoryview(arena.map), out_area) and size == sizes[0]:
                 print("# values and read buffers moved by O_DIRECT once before the timed runs, as a store's memory is after its first pass")
+            if fio:  # the file fio's checked reads read (untimed: its writes carry fio's checksums)
+                fio_job(rw="write", bs=size, qd=args.qd, size=n * size, checked=True)
             for r in range(args.repeat):
                 for engine_name, backend_name in rotated(runs, r):
                     peer: Dict[str, Optional[float]] = {"write": None, "write full": None}
@@ -629,14 +638,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                         add_paired((engine_name, backend_name, "write", size), gdskv_write(backend, arena, keys, batch_bytes), peer["write"])
                         # Each read right after a fio read of its own (of the file fio wrote), both
                         # after gdskv's write of the store: the two are a second or so apart.
+                        # (fio's checked read first, so that its plain read stays right before gdskv's.)
                         for again in range(args.read_pairs):
-                            peer_read = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size) if fio else None
-                            if peer_read:
+                            peer_checked = peer_read = None
+                            if fio:
+                                peer_checked = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size, checked=True)
+                                add(("fio", "read checked", size), peer_checked)
+                                peer_read = fio_job(rw="randread", bs=size, qd=args.qd, size=n * size)
                                 add(("fio", "read", size), peer_read)
                             if not engine.direct or engine.direct_refused:
                                 drop_cache(work)
-                            add_paired((engine_name, backend_name, "read", size),
-                                       gdskv_read(backend, keys, size, args.qd, outs, args.seed + r * args.read_pairs + again), peer_read)
+                            got = gdskv_read(backend, keys, size, args.qd, outs, args.seed + r * args.read_pairs + again)
+                            add_paired((engine_name, backend_name, "read", size), got, peer_read)
+                            if peer_checked:  # (a ratio only: the figure is the read row's)
+                                ratios.setdefault((engine_name, backend_name, "read checked", size), []).append(got / peer_checked)
                     finally:
                         backend.close()
                     retired.retire(work)
@@ -742,6 +757,15 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"({fmt_rate(peer, True)}, median; no target): "
               + ", ".join(f"{b} {fmt_ratio(median(ratios[('psync', b, 'rand psync', 4096)]))}" for b in rand_backends))
     if fio:
+        print()
+        print("# reads against fio reading and checking its data (--verify=crc32c), paired the same way (no target): "
+              "fio's CPU then reads every byte it reads, as gdskv's checksum and its copy out of staging do. "
+              "fio checked read, medians: "
+              + ", ".join(f"{format_size(size)} {fmt_rate(median(samples[('fio', 'read checked', size)]), False)}" for size in sizes))
+        for engine_name in engines:
+            print(f"#   {engine_name}: " + "; ".join(
+                f"{backend_name} " + " ".join(fmt_ratio(median(ratios[(engine_name, backend_name, 'read checked', size)])) for size in sizes)
+                for backend_name in backends) + f"  ({', '.join(format_size(size) for size in sizes)})")
         floor = fio_self_ratios(samples)
         if floor:
             print()

@@ -112,6 +112,9 @@ def test_more_read_pairs_read_each_store_again_after_a_fio_read_of_their_own(tmp
     listing = {line.split(":")[0].strip("# ").rsplit(" ", 2)[0].strip(): line.split(":", 1)[1].split(",")
                for line in out.splitlines() if line.startswith("#   ")}
     assert len(listing["fio read"]) == 6 and len(listing["fio write"]) == 2
+    assert len(listing["fio read checked"]) == 6  # fio reading and checking its own file, before each plain read
+    checked = next(line for line in out.splitlines() if line.startswith("#   uring: "))
+    assert checked.startswith("#   uring: bucket ") and checked.endswith("x  (256.0 KiB)"), checked
     assert len(listing["uring bucket read"]) == 6 and all(run.strip().endswith("x)") for run in listing["uring bucket read"])
     assert len(listing["uring bucket write"]) == 2
     assert "(large reads: of 6, 3 pairs per store written)" in out
@@ -126,6 +129,26 @@ def test_fio_against_itself_is_each_run_over_the_one_before():
     samples = {("fio", "write", 2 << 20): [100.0, 80.0, 120.0], ("fio", "read", 2 << 20): [50.0],
                ("uring", "bucket", "write", 2 << 20): [90.0, 95.0]}
     assert fio_self_ratios(samples) == {("write", 2 << 20): [0.8, 1.5]}
+
+
+def test_fio_checked_reads_fail_on_blocks_fio_did_not_write_with_its_checksums(tmp_path):
+    """The checked peer really checks: fio's checked read of its own checked file passes,
+    and of a file written without fio's checksums (the plain peer's) fails."""
+    fio = shutil.which("fio")
+    if not fio:
+        pytest.skip("fio is not installed")
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from bench_io import fio_run
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    job = dict(bs=256 << 10, qd=4, size=4 << 20, direct=False)
+    fio_run(fio, tmp_path, rw="write", checked=True, **job)
+    assert fio_run(fio, tmp_path, rw="randread", checked=True, **job) > 0
+    fio_run(fio, tmp_path, rw="write", **job)
+    os.replace(tmp_path / "fio.dat", tmp_path / "fio-checked.dat")
+    with pytest.raises(RuntimeError, match="fio failed: .*verify"):
+        fio_run(fio, tmp_path, rw="randread", checked=True, **job)
 
 
 def test_without_fio_it_says_so_and_prints_absolute_numbers(tmp_path):
