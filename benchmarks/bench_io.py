@@ -112,6 +112,7 @@ def ensure_fio(install: bool) -> Optional[str]:
 def fio_run(
     fio: str, directory: Path, *, rw: str, bs: int, qd: int, size: int, direct: bool, ios: Optional[int] = None,
     mem: str = "malloc", fresh: bool = True, ioengine: str = "io_uring", jobs: int = 1, checked: bool = False,
+    seconds: Optional[float] = None,
 ) -> float:
     """One fio job over a file of ``size`` bytes; returns bytes/s, or IOPS for 4 KiB blocks.
     ``ios``: that many I/Os (the same count gdskv does), spread over the file as needed.
@@ -126,7 +127,8 @@ def fio_run(
     (``fio-checked.dat``): a write puts a header and a CRC32C in every block, and a read
     checks every block it reads (fio's CPU then reads every byte, as gdskv's checksum
     does) and fails on one not written so. A checked read needs a checked write of the
-    same block size first."""
+    same block size first. ``seconds``: run for that long (over the file again as needed)
+    instead of to the end of the file or of ``ios``."""
     target = directory / ("fio-checked.dat" if checked else "fio.dat")
     if rw == "write" and fresh and target.exists():
         target.unlink()
@@ -138,7 +140,10 @@ def fio_run(
     if rw == "write":
         cmd.append("--end_fsync=1")
     if checked:
-        cmd += ["--verify=crc32c", "--verify_fatal=1"] + (["--do_verify=0"] if rw == "write" else [])
+        # (--verify_state_save=0: no state file of fio's left in the working directory)
+        cmd += ["--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0"] + (["--do_verify=0"] if rw == "write" else [])
+    if seconds:
+        cmd += [f"--runtime={seconds:g}", "--time_based"]
     if ios:
         # A random job ends once it has covered the file; ask for as many I/Os as gdskv
         # does (a file of 8192 blocks read once is a short, coarse baseline).

@@ -1,0 +1,42 @@
+"""Smoke runs of benchmarks/bench_read_touch.py with tiny sizes: it runs every kind of read
+each round, prints a row per round and a summary per kind, and leaves its directory as it
+found it. Nothing here checks a speed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import uring_unavailable
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_read_touch.py"
+
+
+def run(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path), "--no-fio-install", "--fio-mem", "malloc", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_bench_read_touch_runs_every_kind_each_round(tmp_path):
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    done = run(tmp_path, "--size", "8MiB", "--block", "256KiB", "--qd", "2", "--rounds", "2", "--seconds", "0.2")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    kinds = ["untouched", "read by CPU", "staged"] + (["fio", "fio checked"] if shutil.which("fio") else [])
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["round"])
+    rows = lines[head + 1 : head + 3]
+    assert [row.split()[0] for row in rows] == ["0", "1"]
+    assert all(row.count("MiB/s") == len(kinds) for row in rows), rows
+    summary = [line for line in lines if line.startswith("#   ")]
+    assert [line[4:16].strip() for line in summary] == kinds
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_read_touch_rejects_a_block_that_is_not_whole_pages(tmp_path):
+    done = run(tmp_path, "--block", "1000")
+    assert done.returncode != 0 and "--block must be a multiple of 4 KiB" in done.stderr
