@@ -30,7 +30,12 @@ do), a ratio then compares two figures taken seconds apart, not a gdskv figure w
 one from another minute. Every repeat runs each engine x backend, in an order rotated
 from one repeat to the next; the table shows the medians of the figures and of the paired ratios (every repeat's
 figure and ratio is printed after it), and then how far fio's runs of one operation differ
-from one another: the noise a single ratio carries on this disk.
+from one another: the noise a single ratio carries on this disk. Each large read is also
+paired with fio reading and checking its own data (``--verify=crc32c``, right before fio's
+plain read): fio's CPU then reads every byte it read, as gdskv's copy and checksum do, and
+on the test VM reads whose memory the CPU reads can run at half speed for a while where
+fio's plain read does not (``benchmarks/bench_read_touch.py``). Those ratios are printed
+after the table, without a target.
 Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
 4 KiB path >= 0.5x fio's IOPS. A target is checked only against a fair fio: on huge pages
 like gdskv's memory (``--fio-mem``), and not where the filesystem refused gdskv O_DIRECT.
