@@ -10,8 +10,9 @@ CPU reads them (the copy out, the checksum). Rounds alternate between, all on on
 
 - ``untouched``: gdskv's ``uring`` engine reading straight into the same ``--qd``
   page-aligned buffers again and again, which nobody reads (as fio's plain read);
-- ``read by CPU``: the same, while a second thread copies those buffers out without pause
-  (numpy, which lets go of the GIL while it copies), as a consumer reads what arrived;
+- ``read by CPU``: the same, while a second thread copies those buffers out over and over
+  (numpy, which lets go of the GIL while it copies; half a millisecond between passes), as
+  a consumer reads what arrived;
 - ``staged``: gdskv reading into buffers 64 bytes past a page, so that every byte goes
   through the engine's staging chunks and is copied out of them by the ring;
 - ``fio``: fio's plain random read of the file (its buffers are never read);
@@ -78,7 +79,8 @@ class DeviceStat:
 
 class Copier:
     """A thread that, while :meth:`running`, copies ``sources`` into memory of its own
-    without pause: a consumer reading what the reads brought in."""
+    over and over, half a millisecond between passes: a consumer reading what the reads
+    brought in."""
 
     def __init__(self, sources: List[memoryview]) -> None:
         self._sources = [np.frombuffer(s, dtype=np.uint8) for s in sources]
