@@ -615,11 +615,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     def add(key: tuple, value: float) -> None:
         samples.setdefault(key, []).append(value)
 
-    def add_paired(key: tuple, value: float, peer: Optional[float]) -> None:
-        """A gdskv figure and its ratio to ``peer``, fio's figure taken right before it."""
-        add(key, value)
+    def add_ratio(key: tuple, value: float, peer: Optional[float]) -> None:
+        """``value``'s ratio to ``peer``, fio's figure taken right before it (none without fio)."""
         if peer:
             ratios.setdefault(key, []).append(value / peer)
+
+    def add_paired(key: tuple, value: float, peer: Optional[float]) -> None:
+        """A gdskv figure and its ratio to ``peer`` (:func:`add_ratio`)."""
+        add(key, value)
+        add_ratio(key, value, peer)
 
     try:
         # Large objects. Every repeat measures every engine x backend, each right after fio
@@ -660,8 +664,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 drop_cache(work)
                             got = gdskv_read(backend, keys, size, args.qd, outs, args.seed + r * args.read_pairs + again)
                             add_paired((engine_name, backend_name, "read", size), got, peer_read)
-                            if peer_checked:  # (a ratio only: the figure is the read row's)
-                                ratios.setdefault((engine_name, backend_name, "read checked", size), []).append(got / peer_checked)
+                            # (a ratio only: the figure is the read row's)
+                            add_ratio((engine_name, backend_name, "read checked", size), got, peer_checked)
                     finally:
                         backend.close()
                     retired.retire(work)
@@ -698,8 +702,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 backend = small[(engine_name, backend_name)]
                 got = gdskv_rand4k(backend, keys, args.rand_ops, args.rand_qd, outs, args.seed + r)
                 add_paired((engine_name, backend_name, "rand", 4096), got, rand_peer)
-                if psync_peer:  # (a ratio only: the figure is the row above's)
-                    ratios.setdefault(("psync", backend_name, "rand psync", 4096), []).append(got / psync_peer)
+                add_ratio(("psync", backend_name, "rand psync", 4096), got, psync_peer)  # (the figure is the row above's)
     finally:
         for backend in small.values():
             backend.close()
@@ -769,7 +772,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if fio:
         print()
         print("# reads against fio reading and checking its data (--verify=crc32c), paired the same way (no target): "
-              "fio's CPU then reads every byte it reads, as gdskv's checksum and its copy out of staging do. "
+              "fio's CPU then reads every byte it reads, as gdskv's checksum does (and its copy out of staging, where reads are staged). "
               "fio checked read, medians: "
               + ", ".join(f"{format_size(size)} {fmt_rate(median(samples[('fio', 'read checked', size)]), False)}" for size in sizes))
         for engine_name in engines:

@@ -53,8 +53,6 @@ from gdskv.gds.aligned import alloc_aligned  # noqa: E402
 from gdskv.gds.engine import IoRequest  # noqa: E402
 from gdskv.gds.probe import fs_type  # noqa: E402
 
-KINDS = ("untouched", "read by CPU", "staged", "fio", "fio checked")
-
 
 class DeviceStat:
     """Requests completed and their time on the device, from a block device's ``stat``
@@ -159,7 +157,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = bench_io.device_of(base)
     stat = DeviceStat(device)
     engine = make_engine("uring", direct=True, directory=work, read_inflight_bytes=args.qd * block)  # --qd in flight
-    figures: Dict[str, List[float]] = {kind: [] for kind in KINDS}
     copier: Optional[Copier] = None
     staging_area = direct_area = None
     fd = -1
@@ -213,6 +210,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if fio:
             runs["fio"] = fio_read(False)
             runs["fio checked"] = fio_read(True)
+        figures: Dict[str, List[float]] = {kind: [] for kind in runs}
         print()
         print(f"{'round':>5}  " + "  ".join(f"{kind:>22}" for kind in runs))
         for r in range(args.rounds):
