@@ -13,6 +13,11 @@ CPU reads them (the copy out, the checksum). Rounds alternate between, all on on
 - ``read by CPU``: the same, while a second thread copies those buffers out over and over
   (numpy, which lets go of the GIL while it copies; half a millisecond between passes), as
   a consumer reads what arrived;
+- ``read, flushed``: the same, the copying thread then pushing each buffer's lines out of
+  the CPU's caches (``clflushopt``, see ``cache_flush.py``; left out where it cannot be
+  built), so that reads land in memory that is cached nowhere, or being flushed;
+- ``flushed only``: the thread flushing those buffers without copying them (also left
+  out where the flush cannot be built): what the flushing costs the reads by itself;
 - ``staged``: gdskv reading into buffers 64 bytes past a page, so that every byte goes
   through the engine's staging chunks and is copied out of them by the ring;
 - ``fio``: fio's plain random read of the file (its buffers are never read);
@@ -46,6 +51,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_io  # noqa: E402  (the sibling benchmark: its fio runner and machine banner)
+from cache_flush import Flusher, load_flusher  # noqa: E402
 
 from gdskv.config import format_size, parse_size  # noqa: E402
 from gdskv.gds import make_engine  # noqa: E402
@@ -78,11 +84,14 @@ class DeviceStat:
 class Copier:
     """A thread that, while :meth:`running`, copies ``sources`` into memory of its own
     over and over, half a millisecond between passes: a consumer reading what the reads
-    brought in."""
+    brought in. With a ``flush`` set, it pushes each source out of the CPU's caches once
+    copied; with ``copy`` unset, it only flushes."""
 
     def __init__(self, sources: List[memoryview]) -> None:
         self._sources = [np.frombuffer(s, dtype=np.uint8) for s in sources]
         self._sink = np.empty(max(s.size for s in self._sources), dtype=np.uint8)
+        self.flush: Optional[Flusher] = None
+        self.copy = True
         self._on = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="bench-read-touch-copier", daemon=True)
@@ -92,8 +101,12 @@ class Copier:
         while not self._stop:
             if not self._on.wait(0.1):
                 continue
+            flush, copy = self.flush, self.copy
             for src in self._sources:
-                np.copyto(self._sink[: src.size], src)
+                if copy:
+                    np.copyto(self._sink[: src.size], src)
+                if flush is not None:
+                    flush(src)
             time.sleep(0.0005)  # lets the reading thread take the GIL between passes
 
     def running(self, on: bool) -> None:
@@ -158,6 +171,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     stat = DeviceStat(device)
     engine = make_engine("uring", direct=True, directory=work, read_inflight_bytes=args.qd * block)  # --qd in flight
     copier: Optional[Copier] = None
+    flush, flush_how = load_flusher()
     staging_area = direct_area = None
     fd = -1
     try:
@@ -166,6 +180,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"# filesystem: {fs_type(base)} on {device} at {base}")
         print(f"# {format_size(size)} file, random {format_size(block)} reads, {args.qd} in flight, {args.seconds:g} s per kind "
               f"and round, {args.rounds} rounds; fio: {'yes, ' + fio_mem.describe() if fio else 'not available: gdskv rows only'}")
+        print(f"# flushing the CPU's caches: {flush_how if flush else 'left out, ' + flush_how}")
         checked_file = work / "fio-checked.dat"
         if fio:  # fio writes the file with its checksums, so that its checked reads can check it
             bench_io.fio_run(fio, work, rw="write", bs=block, qd=args.qd, size=size, direct=True, mem=fio_mem.option, checked=True)
@@ -187,8 +202,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             buf[:] = b"\0" * block
         copier = Copier(direct)
 
-        def touched(on: bool) -> Callable[[int], float]:
+        def touched(on: bool, flushed: bool = False, copied: bool = True) -> Callable[[int], float]:
             def run(seed: int) -> float:
+                copier.flush = flush if flushed else None
+                copier.copy = copied
                 copier.running(on)
                 try:
                     return gdskv_reads(engine, fd, size, block, direct, args.seconds, seed)
@@ -205,8 +222,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs: Dict[str, Callable[[int], float]] = {
             "untouched": touched(False),
             "read by CPU": touched(True),
-            "staged": lambda seed: gdskv_reads(engine, fd, size, block, staged, args.seconds, seed),
         }
+        if flush is not None:
+            runs["read, flushed"] = touched(True, flushed=True)
+            runs["flushed only"] = touched(True, flushed=True, copied=False)
+        runs["staged"] = lambda seed: gdskv_reads(engine, fd, size, block, staged, args.seconds, seed)
         if fio:
             runs["fio"] = fio_read(False)
             runs["fio checked"] = fio_read(True)
@@ -226,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("# MiB/s over the rounds, median (lowest-highest); in brackets above: the device's milliseconds per request")
         for kind in runs:
             values = [v / (1 << 20) for v in figures[kind]]
-            print(f"#   {kind:<12} {statistics.median(values):6.0f} ({min(values):.0f}-{max(values):.0f})")
+            print(f"#   {kind:<14} {statistics.median(values):6.0f} ({min(values):.0f}-{max(values):.0f})")
     finally:
         if copier is not None:
             copier.close()
