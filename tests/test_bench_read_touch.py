@@ -44,8 +44,8 @@ def test_bench_read_touch_rejects_a_block_that_is_not_whole_pages(tmp_path):
     assert done.returncode != 0 and "--block must be a multiple of 4 KiB" in done.stderr
 
 
-def test_cache_flush_keeps_the_bytes():
-    sys.path.insert(0, str(SCRIPT.parent))
+def test_cache_flush_keeps_the_bytes(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import numpy as np
     from cache_flush import load_flusher
 
@@ -59,7 +59,7 @@ def test_cache_flush_keeps_the_bytes():
 
 
 def test_cache_flush_without_a_compiler_says_so(monkeypatch):
-    sys.path.insert(0, str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import cache_flush
 
     monkeypatch.setattr(cache_flush.platform, "machine", lambda: "x86_64")
