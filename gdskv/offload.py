@@ -161,17 +161,11 @@ class OffloadMixin:
     def _finish_batch(self, batch: List[DramEntry], elapsed: float) -> None:
         self._offload_error = None
         self._mark_lost()  # what the write evicted (the backend's evict_listener heard it)
-        stale: List[bytes] = []
         for entry in batch:
             entry.ssd = SsdState.ON_SSD
-            if entry.detached:  # overwritten or dropped while being written
-                self._dram.release(entry)
-                live = self._dram.lookup(entry.key)
-                if live is not None and (live.size, live.crc) == (entry.size, entry.crc):
-                    # The key's current DRAM copy holds the same bytes (published again from
-                    # HBM meanwhile) and may already count on this SSD copy: keep it.
-                    continue
-                stale.append(entry.key)
+            if not entry.detached:
+                self._stale_on_ssd.discard(entry.key)  # this copy replaced any stale one
+        stale = self._release_detached(batch)
         self._notify_stored(Tier.NVME, [(e.key, e.size, e.crc) for e in batch if not e.detached])
         self._counters.add("offloaded", len(batch))
         self._counters.add("offloaded_bytes", sum(e.size for e in batch))
@@ -179,16 +173,12 @@ class OffloadMixin:
         if self.config.offload == "watermark":
             low = self.config.low_watermark * self._dram.capacity
             self._evict_dram(until=lambda: self._dram.used <= low)
-        for key in stale:  # take the copies just written back out; last, as it can fail
-            try:
-                self._backend.remove(key)  # type: ignore[union-attr]
-            except GdskvError as exc:
-                # The offloader must live on; the copy is superseded by the key's next write.
-                self._offload_error = exc
-                log.warning("gdskv: could not remove a stale copy of %r from SSD: %s", key[:64], exc)
+        self._take_back(stale)  # last, as it can fail
 
     def _fail_batch(self, batch: List[DramEntry], error: GdskvError) -> None:
-        """Keep the batch in DRAM, queued again at the front, and pause offload a while."""
+        """Keep the batch in DRAM, queued again at the front, and pause offload a while.
+        Its entries removed or overwritten meanwhile are let go instead, and whatever the
+        failed write may have left of them on SSD is taken back out."""
         self._offload_error = error
         self._offload_failures += 1
         self._mark_lost()  # a write can evict before it fails
@@ -196,8 +186,46 @@ class OffloadMixin:
         self._offload_paused_until = time.monotonic() + pause
         log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)
         for entry in reversed(batch):
+            if entry.detached:
+                continue
             self._pending.appendleft(entry)
             self._pending_bytes += entry.size
+        for entry in batch:
+            if entry.detached:
+                entry.ssd = SsdState.NONE
+        self._take_back(self._release_detached(batch))
+
+    def _release_detached(self, batch: List[DramEntry]) -> List[bytes]:
+        """Free the DRAM copies of the batch's entries that were removed or overwritten
+        while it was written (lock held); return their keys whose SSD copy is stale: all
+        but those whose key's current DRAM copy holds the same bytes (published again from
+        HBM meanwhile), which may already count on that copy."""
+        stale: List[bytes] = []
+        for entry in batch:
+            if not entry.detached:
+                continue
+            self._dram.release(entry)
+            live = self._dram.lookup(entry.key)
+            if live is None or (live.size, live.crc) != (entry.size, entry.crc):
+                stale.append(entry.key)
+        return stale
+
+    def _take_back(self, keys: List[bytes]) -> None:
+        """Remove from SSD the copies of ``keys`` that a batch wrote (or may have written,
+        when it failed) for values removed or overwritten meanwhile, and any stale copy an
+        earlier call could not remove (lock held). A copy that cannot be removed stays
+        listed in ``_stale_on_ssd``: the next batch tries again, and a remove() of its key
+        tries before it returns, raising if it still cannot."""
+        self._stale_on_ssd.update(keys)
+        for key in list(self._stale_on_ssd):
+            try:
+                self._backend.remove(key)  # type: ignore[union-attr]
+            except GdskvError as exc:
+                # The offloader must live on: it tries again after its next batch.
+                self._offload_error = exc
+                log.warning("gdskv: could not remove a stale copy of %r from SSD: %s", key[:64], exc)
+            else:
+                self._stale_on_ssd.discard(key)
 
     def _select_for_offload(self) -> None:
         """Watermark policy: above the high watermark, queue the coldest DRAM-only objects

@@ -54,7 +54,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import (
@@ -152,6 +152,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         self._pending: Deque[DramEntry] = collections.deque()
         self._pending_bytes = 0
         self._inflight: List[DramEntry] = []
+        #: Keys with a copy on SSD that the offloader wrote for a value removed or overwritten
+        #: meanwhile and could not take back out yet (:meth:`OffloadMixin._take_back`).
+        self._stale_on_ssd: Set[bytes] = set()
         self._flush_waiters = 0
         self._space_waiters = 0
         self._offload_error: Optional[GdskvError] = None
@@ -274,7 +277,8 @@ class Store(OffloadMixin, HbmStoreMixin):
 
         If the key's bucket is being written right now, waits for that write to finish: the
         offloader then takes the copy it landed on SSD back out (the DRAM entry is detached)
-        before this returns.
+        before this returns. Where it could not (an I/O error), this tries once more and
+        raises the error if it fails again: the copy is then still stored.
         """
         k = encode_key(key)
         with self._lock:
@@ -285,6 +289,9 @@ class Store(OffloadMixin, HbmStoreMixin):
             # that is detached already) is taken back out by the offloader once written.
             while any(e.key == k for e in self._inflight):
                 self._cond.wait()
+            if k in self._stale_on_ssd:
+                self._backend.remove(k)  # type: ignore[union-attr]
+                self._stale_on_ssd.discard(k)
             return found
 
     def _remove_locked(self, k: bytes) -> bool:
@@ -708,6 +715,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                     "bytes_per_s": rate(c.get("offloaded_bytes", 0), c.get("offload_seconds", 0)),
                     "queued": len(self._pending),
                     "in_flight": len(self._inflight),
+                    "stale_copies": len(self._stale_on_ssd),
                     "failures": self._offload_failures,
                     "paused": time.monotonic() < self._offload_paused_until,
                     "disk_full": is_no_space(self._offload_error),

@@ -3,6 +3,7 @@ verified byte-exact, no deadlock."""
 
 from __future__ import annotations
 
+import errno
 import random
 import struct
 import threading
@@ -344,6 +345,90 @@ def test_remove_waits_for_an_overwritten_value_being_written(make_store):
     assert done == [True] and store.get("k") is None
     store.flush()
     assert b"k" not in store._backend.keys() and store.get("k") is None
+
+
+def _remove_during_the_write_of(store, key: bytes, *, write_fails: bool, remove_fails: bool):
+    """Start ``store.remove(key)`` while the bucket holding ``key`` is being written, then let
+    the write land its records (and report an I/O error after it, once, with ``write_fails``: a
+    failure after the files were in place, as a failed sync after renames). With
+    ``remove_fails``, the backend's remove of ``key`` raises an I/O error once the records
+    have landed. Returns what remove() returned or raised, and the switch that stops the
+    backend's removes from failing."""
+    backend = store._backend
+    real_write, real_remove = backend.write, backend.remove
+    landed = threading.Event()
+    removes_fail = [remove_fails]
+
+    def write(items):
+        first = not landed.is_set()
+        try:
+            evicted = real_write(items)
+        finally:
+            landed.set()
+        if write_fails and first:
+            raise gdskv.IoError("injected: the sync after the records landed failed", errno=errno.EIO)
+        return evicted
+
+    def remove(k):
+        if removes_fail[0] and k == key and landed.is_set():
+            raise gdskv.IoError("injected: the index could not be rewritten", errno=errno.EIO)
+        return real_remove(k)
+
+    offload = backend.write = Gate(write, lambda items: any(k == key for k, _, _ in items))
+    backend.remove = remove
+    offload.wait_reached()  # the key's bucket is being written
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(store.remove(key))
+        except gdskv.GdskvError as exc:
+            outcome.append(exc)
+
+    remover = threading.Thread(target=run)
+    remover.start()
+    remover.join(0.3)
+    assert remover.is_alive()  # waits for the write
+    offload.open()
+    remover.join(10)
+    assert not remover.is_alive()
+    return outcome[0], removes_fail
+
+
+def test_remove_raises_while_the_copy_written_meanwhile_cannot_be_taken_back(make_store, tmp_path):
+    """The offloader takes out the copy its write landed for a key removed meanwhile; where
+    that fails, remove() tries again and raises if it fails again: never True while the key
+    is still stored. Once the disk works again, a remove takes it out for good."""
+    store = make_store(backend="bucket")
+    store.put("k", b"A" * 10_000)
+    got, removes_fail = _remove_during_the_write_of(store, b"k", write_fails=False, remove_fails=True)
+    assert isinstance(got, gdskv.IoError) and "index could not be rewritten" in str(got)
+    assert store.get("k") == b"A" * 10_000  # the failed remove left the key as it was, on SSD
+    assert store.stats()["offload"]["stale_copies"] == 1
+    removes_fail[0] = False
+    assert store.remove("k") is True
+    assert store.get("k") is None and store.stats()["offload"]["stale_copies"] == 0
+    store.close()
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB", backend="bucket") as reopened:
+        assert reopened.get("k") is None
+
+
+@pytest.mark.parametrize("backend", ["bucket", "offset", "file_per_key"])
+def test_remove_during_a_write_that_fails_after_landing_takes_the_copy_out(make_store, tmp_path, backend):
+    """A write can fail after some of its records are in place (file_per_key's sync after
+    its renames): the copy of a key removed meanwhile must not stay stored, now or after
+    a reopen. The offloader takes it out before remove() returns."""
+    store = make_store(backend=backend, offload_retry_s=0.05)
+    store.put("k", b"A" * 10_000)
+    got, _ = _remove_during_the_write_of(store, b"k", write_fails=True, remove_fails=False)
+    assert got is True
+    assert store.get("k") is None
+    store.put("other", b"O" * 5000)
+    store.flush()  # the offloader has recovered from the failed write
+    assert b"k" not in store._backend.keys()
+    store.close()
+    with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB", backend=backend) as reopened:
+        assert reopened.get("k") is None and reopened.get("other") == b"O" * 5000
 
 
 def test_a_put_of_the_same_bytes_returns_once_they_are_readable(make_store):

@@ -114,8 +114,9 @@ class BucketBackend(StorageBackend):
         #: Buckets whose index on disk still lists a key a newer bucket holds (its rewrite
         #: failed); see :meth:`_supersede`.
         self._stale_indexes: Set[int] = set()
-        #: A bucket's files were deleted by a remove and the directory's fsync failed: the
-        #: next remove() fsyncs it (:meth:`_sync_dir`).
+        #: A bucket's files were deleted (by an eviction or a remove) and the directory not
+        #: fsynced since, as far as the lock shows: the next remove() fsyncs it before it
+        #: returns (:meth:`_sync_dir`).
         self._dir_unsynced = False
         self._used = 0
         self._next_bucket = 1
@@ -359,8 +360,11 @@ class BucketBackend(StorageBackend):
 
     def _delete_files(self, bucket: _Bucket, move_data_to: Optional[Path] = None) -> bool:
         """Unseal ``bucket`` and delete its data file, or rename it to ``move_data_to``;
-        returns whether it was renamed."""
+        returns whether it was renamed. Lock held. The directory is left to sync: the next
+        remove() syncs it, as a remove of a key evicted here is durable only once these
+        unlinks are (the evicting write syncs it too, but only if it succeeds)."""
         unlink_quietly(bucket.index_path)  # unseal first: a crash in between leaves a torn bucket
+        self._dir_unsynced = True
         if move_data_to is not None:
             try:
                 os.replace(bucket.data_path, move_data_to)
@@ -384,8 +388,7 @@ class BucketBackend(StorageBackend):
         if self._objects.get(key) is bucket:
             del self._objects[key]
         if not rest:
-            self._drop_bucket(bucket)
-            self._dir_unsynced = True
+            self._drop_bucket(bucket)  # (leaves the directory unsynced)
             self._sync_dir()  # the unlinks, like an index rewrite, must outlive a power loss
 
     def _sync_dir(self) -> None:

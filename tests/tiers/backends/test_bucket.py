@@ -442,3 +442,34 @@ def test_removing_a_buckets_last_key_whose_directory_sync_fails_is_made_durable_
     assert not b.remove(b"a") and synced == [str(b.dir)]
     synced.clear()
     assert not b.remove(b"a") and synced == []
+
+
+def test_a_remove_of_an_evicted_key_makes_the_evictions_unlinks_durable(backends, monkeypatch):
+    """An eviction unlinks its victims' files before its write; a remove() of an evicted
+    key is durable only once the directory is synced after those unlinks, also when the
+    evicting write then fails (no sync of its own follows)."""
+    from gdskv.tiers.backends import bucket as bucket_module
+
+    real = bucket_module.fsync_dir
+    listings = []  # what the directory held at each of its fsyncs
+
+    def recording_fsync_dir(path):
+        listings.append(sorted(os.listdir(path)))
+        real(path)
+
+    monkeypatch.setattr(bucket_module, "fsync_dir", recording_fsync_dir)
+    b = backends.open(capacity=200 * KiB)
+    write(b, {"old": block(1, 64 * KiB)})
+    old = locate(backends.root, "old")
+    real_run = b.engine.run
+
+    def failing_run(requests):
+        raise IoError("injected write failure", path="test")
+
+    b.engine.run = failing_run
+    with pytest.raises(IoError):
+        write(b, {"big": block(2, 150 * KiB)})  # evicts "old" first, then fails
+    b.engine.run = real_run
+    assert not old.index.exists() and all(old.index.name in listing for listing in listings)
+    assert b.remove(b"old") is False
+    assert listings and old.index.name not in listings[-1] and old.data.name not in listings[-1]
