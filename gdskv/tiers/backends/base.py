@@ -163,7 +163,8 @@ class StorageBackend:
 
     def _drop_read(self, pin: Any, entry: Any, why: str) -> None:  # pragma: no cover
         """Log and drop the replica whose read (``pin``, ``entry``) failed for ``why``
-        (lock held), unless it was replaced meanwhile."""
+        (lock held), unless it was replaced meanwhile. Never raises: a drop that cannot be
+        made (an I/O error) is logged, the read stays a miss, and a later read tries again."""
         raise NotImplementedError
 
     def remove(self, key: bytes) -> bool:  # pragma: no cover

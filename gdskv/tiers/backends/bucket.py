@@ -491,7 +491,12 @@ class BucketBackend(StorageBackend):
             entry.key[:64], bucket.data_path.name, entry.value_offset, why,
         )
         if bucket.entries.get(entry.key) is entry:
-            self._forget(bucket, entry.key)
+            try:
+                self._forget(bucket, entry.key)
+            except IoError as exc:
+                # The read is a miss all the same. The record stays listed, and the next
+                # read of it fails its check again and tries again.
+                log.warning("gdskv: could not drop the replica of %r: %s", entry.key[:64], exc)
 
     # ------------------------------------------------------------------ the rest
 

@@ -473,3 +473,22 @@ def test_a_remove_of_an_evicted_key_makes_the_evictions_unlinks_durable(backends
     assert not old.index.exists() and all(old.index.name in listing for listing in listings)
     assert b.remove(b"old") is False
     assert listings and old.index.name not in listings[-1] and old.data.name not in listings[-1]
+
+
+def test_a_corrupt_read_whose_drop_cannot_be_written_is_still_a_miss(backends, monkeypatch):
+    """A record that fails its check is dropped by rewriting its bucket's index; when that
+    rewrite fails, the read is a miss all the same (not an error), the other reads of the
+    batch are served, and a later read drops the record."""
+    b = backends.open()
+    write(b, {"a": block(1, 5000), "b": block(2, 5000)})
+    loc = locate(backends.root, "a")
+    flip(loc.data, loc.entry.value_offset + 17)
+    failing_index_writes(monkeypatch, 1)
+    outs = [bytearray(5000), bytearray(5000)]
+    assert b.read_batch([(b"a", memoryview(outs[0])), (b"b", memoryview(outs[1]))]) == [None, 5000]
+    assert bytes(outs[1]) == block(2, 5000)
+    assert b.lookup(b"a") is not None  # still listed: the drop could not be written
+    assert read(b, "a") is None and b.lookup(b"a") is None  # dropped now
+    backends.close_all()
+    b = backends.open()
+    assert read(b, "a") is None and read(b, "b") == block(2, 5000)
