@@ -27,6 +27,8 @@ boundaries, so no two parts share a block.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from typing import List, Optional, Tuple
 
@@ -85,6 +87,10 @@ class Bounce:
         start, end = self.tail
         data = memoryview(bytearray(end - start))  # less than a block, from any number of buffers
         gather(self.request.buffers, start - self.offset, data)
+        if fcntl.fcntl(self.request.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            # The buffered descriptor below is opened anew: it must not write where the
+            # caller's could not (pwrite(2) on it fails so).
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         fd = os.open(f"/proc/self/fd/{self.request.fd}", os.O_WRONLY)
         try:
             done = 0

@@ -279,15 +279,33 @@ class Ring:
             lib.io_uring_queue_init(depth, self._ring)
         except OSError as exc:
             raise IoError(f"io_uring setup failed: {exc.strerror}", errno=exc.errno, depth=depth) from exc
+        self._staging: Optional[AlignedBuffer] = None
+        try:
+            self._set_up(lib, slots=slots, small_slots=small_slots, chunk_bytes=chunk_bytes, fixed=fixed)
+        except BaseException as exc:
+            # Give the ring's descriptor and staging back: the engine builds a new ring on
+            # the next submission, and each failed one would keep a descriptor otherwise.
+            lib.io_uring_queue_exit(self._ring)
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
+            if isinstance(exc, OSError):
+                raise IoError(f"io_uring staging setup failed: {exc.strerror}", errno=exc.errno, depth=depth,
+                              slots=slots, chunk_bytes=chunk_bytes) from exc
+            raise
+
+    def _set_up(self, lib: Any, *, slots: int, small_slots: Optional[int], chunk_bytes: int, fixed: bool) -> None:
+        """The staging (allocated, sliced into slots, registered as fixed buffers where
+        ``fixed``) and the bookkeeping of a ring whose queue is set up."""
         self._small_read = min(SMALL_READ, chunk_bytes)
-        small_slots = depth if small_slots is None else small_slots
+        small_slots = self.depth if small_slots is None else small_slots
         # Slots 0 .. slots-1 are the chunks (bounce ops), slots .. slots+small_slots-1 the
         # small slots after them (small reads): one index space, two free lists.
         self._chunk_slots = slots
         staging = slots * chunk_bytes + small_slots * self._small_read
         if staging >= HUGE_PAGE:  # a whole number of huge pages: the kernel maps it 2 MiB-aligned,
             staging = -(-staging // HUGE_PAGE) * HUGE_PAGE  # so every chunk sits on huge pages
-        self._staging: Optional[AlignedBuffer] = alloc_aligned(staging)
+        self._staging = alloc_aligned(staging)
         self._staging_addr = address_of(self._staging.view)
         starts = [i * chunk_bytes for i in range(slots)]
         starts += [slots * chunk_bytes + i * self._small_read for i in range(small_slots)]

@@ -395,6 +395,24 @@ def test_small_write_past_the_end_makes_the_file_exactly_that_long(engine, dataf
         assert _read(engine, fd, path, o, len(v)) == v
 
 
+def test_a_write_through_a_read_only_descriptor_fails_wherever_it_lands(engine, tmp_path):
+    """A write on a descriptor opened read-only fails as pwrite(2) would (EBADF), also where
+    the engine writes a partial last block past the end of the file on its own: the file
+    is left as it was."""
+    path = tmp_path / "ro"
+    path.write_bytes(b"x" * 5000)
+    fd = engine.open_file(path, os.O_RDONLY)
+    try:
+        outcomes = engine.submit([
+            IoRequest.write(fd, 100, memoryview(b"hello"), path=str(path)),   # inside the file
+            IoRequest.write(fd, 6000, memoryview(b"hello"), path=str(path)),  # past its end
+        ]).outcomes()
+    finally:
+        os.close(fd)
+    assert [isinstance(o, IoError) and o.context.get("errno") == errno.EBADF for o in outcomes] == [True, True], outcomes
+    assert path.read_bytes() == b"x" * 5000
+
+
 def test_as_completed_yields_each_request_once_with_its_outcome(engine, datafile):
     fd, path = datafile
     values = [block(300 + i, 20_000 + 4096 * i) for i in range(10)]

@@ -595,3 +595,48 @@ def test_a_raising_submit_takes_back_an_op_resumed_after_a_short_read(tmp_path, 
         engine.close()
         for f in (r, w, fd):
             os.close(f)
+
+
+def _io_uring_fds() -> int:
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[io_uring]"
+        except OSError:
+            pass
+    return count
+
+
+def test_a_ring_whose_staging_cannot_be_allocated_gives_its_descriptor_back(tmp_path, monkeypatch):
+    """The engine builds a thread's ring at its first submission: when the staging cannot be
+    had (no memory), the submission fails with an IoError saying so, the ring set up for it
+    is let go (each retry would keep one more descriptor otherwise), and once memory is
+    there again the next submission works."""
+    import errno
+
+    import gdskv.gds.ring as ring_module
+    from gdskv.gds.uring import UringEngine
+
+    engine = UringEngine(direct=True)
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 8192)
+    fd = engine.open_file(path, os.O_RDONLY)
+    real = ring_module.alloc_aligned
+
+    def no_memory(nbytes, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    try:
+        before = _io_uring_fds()
+        monkeypatch.setattr(ring_module, "alloc_aligned", no_memory)
+        for _ in range(3):
+            with pytest.raises(IoError, match="io_uring staging setup failed: Cannot allocate memory"):
+                engine.submit([IoRequest.read(fd, 0, memoryview(bytearray(4096)))])
+        assert _io_uring_fds() == before
+        monkeypatch.setattr(ring_module, "alloc_aligned", real)
+        out = bytearray(4096)
+        assert engine.submit([IoRequest.read(fd, 0, memoryview(out))]).result() == [4096]
+        assert bytes(out) == b"x" * 4096
+    finally:
+        os.close(fd)
+        engine.close()
