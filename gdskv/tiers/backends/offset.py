@@ -550,14 +550,15 @@ class OffsetBackend(StorageBackend):
             first_seq = self._next_seq
             self._next_seq += len(items)
             entries, records = [], []
-            heads = HeadBlocks(len(key) for key, _, _ in items)
-            for i, ((key, value, crc), offset) in enumerate(zip(items, offsets)):
-                head = heads.encode(key, value.nbytes, first_seq + i, crc)
-                records.append((offset, record_buffers(head, value)))
-                entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, first_seq + i, crc))
-            records.sort(key=lambda record: record[0])
-            requests = coalesced_writes(self._fd, records, path=self._path)
-            try:
+            heads: Optional[HeadBlocks] = None
+            try:  # from here on a failure gives the placed space back (_abandon)
+                heads = HeadBlocks(len(key) for key, _, _ in items)
+                for i, ((key, value, crc), offset) in enumerate(zip(items, offsets)):
+                    head = heads.encode(key, value.nbytes, first_seq + i, crc)
+                    records.append((offset, record_buffers(head, value)))
+                    entries.append(IndexEntry(key, offset + head.nbytes, value.nbytes, first_seq + i, crc))
+                records.sort(key=lambda record: record[0])
+                requests = coalesced_writes(self._fd, records, path=self._path)
                 self.engine.run(requests)
                 os.fdatasync(self._fd)  # type: ignore[arg-type]
             except BaseException as exc:  # (a MemoryError too: the offloader retries the batch)
@@ -566,7 +567,8 @@ class OffsetBackend(StorageBackend):
                     raise
                 raise IoError(f"offset write failed: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
             finally:
-                heads.close()
+                if heads is not None:
+                    heads.close()
             with self._lock:
                 for entry in entries:
                     older = self._objects.get(entry.key)

@@ -692,3 +692,27 @@ def test_check_after_close_is_a_store_closed_error(tmp_path, direct_psync):
     backend.close()
     with pytest.raises(StoreClosedError):
         backend.check()
+
+
+def test_a_write_that_fails_before_its_io_gives_its_space_back(tmp_path, direct_psync, monkeypatch):
+    """A failure between placing a batch and writing it (no memory for the record heads)
+    frees the space placed, as a failed write does: retries do not fill the file."""
+    import gdskv.tiers.backends.offset as offset_module
+
+    backend = open_backend(tmp_path, direct_psync, capacity=MiB, window_bytes=256 << 10)
+    backend.write(items({b"A": value_of(1, 5000)}))
+    used = backend.used_bytes
+    real = offset_module.HeadBlocks
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("no memory for the record heads")
+
+    monkeypatch.setattr(offset_module, "HeadBlocks", no_memory)
+    for _ in range(300):  # 300 x 8 KiB placed would be more than the file
+        with pytest.raises(MemoryError):
+            backend.write(items({b"B": value_of(2, 4000)}))
+    assert backend.used_bytes == used
+    monkeypatch.setattr(offset_module, "HeadBlocks", real)
+    backend.write(items({b"B": value_of(2, 4000)}))
+    assert read(backend, b"B", 4000) == value_of(2, 4000) and read(backend, b"A", 5000) == value_of(1, 5000)
+    backend.close()
