@@ -52,7 +52,9 @@ empties the file again. A checkpoint that exists but cannot be read now (an I/O 
 fails the open with :class:`IoError` and touches nothing: it may be readable later.
 
 Readers pin the record they read, so a checkpoint never hands its space to a new write
-while a read is in flight.
+while a read is in flight; eviction passes over pinned records (evicting one would free
+nothing until its read ends), and a write that finds no room without them fails with
+NoSpaceError, leaving them stored.
 """
 
 from __future__ import annotations
@@ -398,8 +400,8 @@ class OffsetBackend(StorageBackend):
                 if offsets is not None:
                     for offset in offsets:
                         self._alloc.free(offset)
-                key = self._policy.first_victim()
-                if key is None:
+                key = self._first_unpinned_victim()
+                if key is None:  # what is left is being read: evicting it would free nothing now
                     offsets = self._try_place(sizes)
                     break
                 self._evict([key], evicted)
@@ -499,17 +501,27 @@ class OffsetBackend(StorageBackend):
 
     def _victims(self, need: int) -> List[bytes]:
         """The first objects in policy order whose eviction frees ``need`` bytes (or all of
-        them); a pinned one frees nothing now but goes too. ``_lock`` held."""
+        them), passing over those a read in flight pins: evicting one would free nothing
+        until the read ends. ``_lock`` held."""
         victims: List[bytes] = []
         objects, pins, size_of = self._objects, self._pins, self._alloc.size_of  # (per object)
         for key in self._policy.ordered():
             if need <= 0:
                 break
-            victims.append(key)
             offset = _record_start(objects[key])
             if not pins or not pins.get(offset):
+                victims.append(key)
                 need -= size_of(offset)
         return victims
+
+    def _first_unpinned_victim(self) -> Optional[bytes]:
+        """The first object in policy order that no read in flight pins (whose eviction
+        frees its space now), or None. ``_lock`` held."""
+        pins = self._pins
+        for key in self._policy.ordered():
+            if not pins or not pins.get(_record_start(self._objects[key])):
+                return key
+        return None
 
     def _evict(self, keys: List[bytes], evicted: List[bytes]) -> None:
         """Drop ``keys`` to make room, and append them to ``evicted``. ``_lock`` held.
