@@ -187,12 +187,10 @@ class OffloadMixin:
         log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)
         for entry in reversed(batch):
             if entry.detached:
+                entry.ssd = SsdState.NONE
                 continue
             self._pending.appendleft(entry)
             self._pending_bytes += entry.size
-        for entry in batch:
-            if entry.detached:
-                entry.ssd = SsdState.NONE
         self._take_back(self._release_detached(batch))
 
     def _release_detached(self, batch: List[DramEntry]) -> List[bytes]:
@@ -221,8 +219,9 @@ class OffloadMixin:
             try:
                 self._backend.remove(key)  # type: ignore[union-attr]
             except GdskvError as exc:
-                # The offloader must live on: it tries again after its next batch.
-                self._offload_error = exc
+                # The offloader must live on: it tries again after its next batch. (A failed
+                # write's own error stays the one flush() raises.)
+                self._offload_error = self._offload_error or exc
                 log.warning("gdskv: could not remove a stale copy of %r from SSD: %s", key[:64], exc)
             else:
                 self._stale_on_ssd.discard(key)
