@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -332,14 +333,14 @@ def test_full_verification_at_open_drops_only_bad_records(backends):
     assert b.report.dropped_corrupt == 0 and b.report.objects == 2
 
 
-def test_removing_the_last_key_of_a_bucket_syncs_the_directory(backends, monkeypatch):
-    # A remove is durable: deleting an emptied bucket's files must reach the disk (a
-    # directory fsync after the unlinks) before remove() returns, as an index rewrite does.
+def record_directory_fsyncs(monkeypatch) -> List[List[str]]:
+    """Record what a directory held at each of the bucket backend's fsyncs of it (they
+    still happen); returns the list the listings go into, oldest first."""
     from gdskv.tiers.backends import bucket as bucket_module
     from gdskv.tiers.backends import files as files_module
 
     real = files_module.fsync_dir
-    listings = []  # what the directory held at each of its fsyncs
+    listings: List[List[str]] = []
 
     def recording_fsync_dir(path):
         listings.append(sorted(os.listdir(path)))
@@ -347,6 +348,13 @@ def test_removing_the_last_key_of_a_bucket_syncs_the_directory(backends, monkeyp
 
     monkeypatch.setattr(files_module, "fsync_dir", recording_fsync_dir)
     monkeypatch.setattr(bucket_module, "fsync_dir", recording_fsync_dir)
+    return listings
+
+
+def test_removing_the_last_key_of_a_bucket_syncs_the_directory(backends, monkeypatch):
+    # A remove is durable: deleting an emptied bucket's files must reach the disk (a
+    # directory fsync after the unlinks) before remove() returns, as an index rewrite does.
+    listings = record_directory_fsyncs(monkeypatch)
     b = backends.open()
     write(b, {"a": block(1, 100)})
     loc = locate(backends.root, "a")
@@ -448,16 +456,7 @@ def test_a_remove_of_an_evicted_key_makes_the_evictions_unlinks_durable(backends
     """An eviction unlinks its victims' files before its write; a remove() of an evicted
     key is durable only once the directory is synced after those unlinks, also when the
     evicting write then fails (no sync of its own follows)."""
-    from gdskv.tiers.backends import bucket as bucket_module
-
-    real = bucket_module.fsync_dir
-    listings = []  # what the directory held at each of its fsyncs
-
-    def recording_fsync_dir(path):
-        listings.append(sorted(os.listdir(path)))
-        real(path)
-
-    monkeypatch.setattr(bucket_module, "fsync_dir", recording_fsync_dir)
+    listings = record_directory_fsyncs(monkeypatch)
     b = backends.open(capacity=200 * KiB)
     write(b, {"old": block(1, 64 * KiB)})
     old = locate(backends.root, "old")
