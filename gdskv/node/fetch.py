@@ -85,7 +85,7 @@ class Fetcher:
             if not groups:
                 break
             requests = [
-                (address, [keys[i] for i in idx], [outs[i][: located[i][next_replica[i]].size] for i in idx])
+                (address, [keys[i] for i in idx], [outs[i] for i in idx])
                 for address, idx in groups.items()
             ]
             outcomes = self.transport.read_many(requests)  # type: ignore[attr-defined]
@@ -97,12 +97,15 @@ class Fetcher:
                         self.counters[f"hits_tier{replica.tier}"] += 1
                         self.counters["bytes"] += outcome
                         continue
-                    if isinstance(outcome, InvalidValueError):
-                        raise outcome
                     if isinstance(outcome, TransportError):
                         dead.add(address)
                         self.counters["peer_errors"] += 1
                         log.info("gdskv: peer %s unusable for this read: %s", address, outcome)
+                    elif isinstance(outcome, InvalidValueError):
+                        # The holder's value does not fit the out, which has room for the one
+                        # the master listed: it holds a newer, larger value. Stale for this
+                        # read, as a replica that lost the key is.
+                        self.counters["stale_replicas"] += 1
                     elif isinstance(outcome, GdskvError):
                         self.counters["replica_errors"] += 1
                     else:

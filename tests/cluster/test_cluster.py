@@ -253,3 +253,27 @@ def test_readers_racing_evictions_get_the_block_or_a_clean_miss(cluster):
         reader.close()
     assert outcomes["wrong"] == []
     assert outcomes["hit"] > 0 and outcomes["miss"] > 0, outcomes
+
+
+def test_a_replica_whose_value_outgrew_its_record_is_a_stale_replica_not_an_error(cluster):
+    """A reader locates a key (the master lists its size), then the key is overwritten with
+    a larger value before the read: the holder's answer does not fit the room the record
+    asked for. That replica is stale for this read, as one that lost the key is; it is not
+    the caller's error (before, fetch_into raised InvalidValueError for an out with room to
+    spare). An out with room for the new value gets it, checked by its holder's CRC."""
+    master = cluster.start_master()
+    cluster.start_node("a")
+    client = gdskv.connect(master)
+    try:
+        client.put("k", b"a" * 100)
+        located = client._fetcher.locate([b"k"])  # noqa: SLF001 - the lookup half of a get
+        assert [r.size for r in located[0]] == [100]
+        client.put("k", b"b" * 200, overwrite=True)
+        exact = memoryview(bytearray(100))  # the room the record says the value needs
+        assert client._fetcher.fetch_into([b"k"], [exact], located) == [None]  # noqa: SLF001
+        roomy = memoryview(bytearray(4096))
+        assert client._fetcher.fetch_into([b"k"], [roomy], located) == [200]  # noqa: SLF001
+        assert bytes(roomy[:200]) == b"b" * 200
+        assert client.get("k") == b"b" * 200
+    finally:
+        client.close()
