@@ -300,6 +300,8 @@ class Store(OffloadMixin, HbmStoreMixin):
         if entry is not None:
             found = entry.complete
             self._dram.detach(entry)
+            if self._space_waiters:
+                self._cond.notify_all()  # its bytes may be free now
         if self._backend is not None and self._backend.remove(k):
             found = True
         if self._hbm is not None and self._hbm.remove(k):
@@ -526,9 +528,7 @@ class Store(OffloadMixin, HbmStoreMixin):
                 copy.wait()
             elapsed = time.perf_counter() - t0
             with self._lock_through_interrupts():  # (a pin left behind would keep the entry for good)
-                for _, entry in dram_hits:
-                    entry.readers -= 1
-                    self._dram.release(entry)
+                self._unpin([entry for _, entry in dram_hits])
                 self._count_reads(Tier.DRAM, len(dram_hits), sum(e.size for _, e in dram_hits), elapsed)
         if nvme:
             self._read_nvme(ks, outs, nvme, results)
@@ -740,10 +740,9 @@ class Store(OffloadMixin, HbmStoreMixin):
         finally:
             with self._lock:
                 for e in entries:
-                    e.readers -= 1
                     if e.key in corrupt:
-                        self._dram.detach(e)
-                    self._dram.release(e)
+                        self._dram.detach(e)  # (its bytes are freed once unpinned)
+                self._unpin(entries)
         nvme_objects = 0
         if self._backend is not None:
             nvme_objects = len(self._backend)
@@ -832,9 +831,7 @@ class Store(OffloadMixin, HbmStoreMixin):
             yield out
         finally:
             with self._lock:
-                for entry in pinned:
-                    entry.readers -= 1
-                    self._dram.release(entry)
+                self._unpin(pinned)
 
     def promote(self, key: Key) -> bool:
         """Copy an NVMe-only object into DRAM now, if DRAM is below its high watermark.
@@ -936,9 +933,19 @@ class Store(OffloadMixin, HbmStoreMixin):
             raise deferred
 
     def _put_done(self) -> None:
-        """A put's copy is over (lock held): wake whoever waits for it."""
+        """A put's copy is over (lock held): wake whoever waits for it, and the puts waiting
+        for room (a committed entry may be evictable, a failed one's bytes are free)."""
         self._putting -= 1
-        if self._copy_waiters or (self._idle_waiter and not self._putting):
+        if self._copy_waiters or self._space_waiters or (self._idle_waiter and not self._putting):
+            self._cond.notify_all()
+
+    def _unpin(self, entries: Sequence[DramEntry]) -> None:
+        """Release the read pins of ``entries`` (lock held): free the bytes of those removed
+        meanwhile, and wake the puts waiting for room (a pinned entry cannot be evicted)."""
+        for entry in entries:
+            entry.readers -= 1
+            self._dram.release(entry)
+        if entries and self._space_waiters:
             self._cond.notify_all()
 
     def _wait_idle(self, in_progress: Callable[[], int]) -> None:

@@ -522,3 +522,16 @@ def test_an_overwrite_caught_by_close_is_drained(make_store, tmp_path):
     closer.join(10)
     with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as reopened:
         assert reopened.get("k") == b"B" * 5000
+
+
+def test_a_put_waiting_for_room_wakes_when_a_read_lets_go(make_store):
+    """A put that finds DRAM full of what cannot be evicted now (a value being read through
+    borrow()) waits; it goes on as soon as the read lets go, not when its put_timeout_s
+    has passed (before, only a finished offload woke it)."""
+    store = make_store(dram="1MiB", ssd=0, put_timeout_s=20)
+    store.put("a", b"A" * (1 << 20))
+    with store.borrow(["a"]):
+        putting = still_waiting(lambda: store.put("b", b"B" * (1 << 20)))  # DRAM full, "a" pinned
+    putting.join(5)  # well under put_timeout_s
+    assert not putting.is_alive()
+    assert store.get("b") == b"B" * (1 << 20) and store.get("a") is None  # "a" evicted for it
