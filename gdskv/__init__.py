@@ -80,6 +80,8 @@ def open(  # noqa: A001 - mirrors the builtin on purpose: gdskv.open(path)
             got=", ".join(unknown),
         )
     fields.update(options)
+    if config is not None and not isinstance(config, StoreConfig):
+        raise ConfigError("config must be a StoreConfig (or pass its fields as options)", got=type(config).__name__)
     base = config if config is not None else StoreConfig()
     return Store(path, base.replace(**fields), hbm_pool=hbm_pool)
 

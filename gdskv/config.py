@@ -62,7 +62,10 @@ def parse_size(value: Size, *, field: str = "size") -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ConfigError("unparsable size; use e.g. '512MiB', '8GiB', '4096'", field=field, got=value)
-    return int(float(match.group(1)) * _UNITS[unit])
+    try:
+        return int(float(match.group(1)) * _UNITS[unit])
+    except OverflowError:
+        raise ConfigError("size too large", field=field, got=value[:40]) from None
 
 
 def format_size(n: float) -> str:
@@ -167,6 +170,9 @@ class StoreConfig:
             raise ConfigError(f"the DRAM tier needs at least {MIN_DRAM_BYTES} bytes", field="dram_bytes", got=self.dram_bytes)
         for name in ("high_watermark", "low_watermark", "bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
             _finite(name, getattr(self, name))
+        for name in ("bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
+            if getattr(self, name) > MAX_WAIT_S:
+                raise ConfigError(f"must be at most {MAX_WAIT_S:.0f} seconds (a year)", field=name, got=getattr(self, name))
         check_choice("eviction policy", self.eviction, EVICTION_POLICIES)
         check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES)
         check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES)
@@ -188,6 +194,10 @@ class StoreConfig:
             )
         _positive("io_threads", self.io_threads)
         _positive("io_depth", self.io_depth)
+        if self.io_depth > MAX_IO_DEPTH:
+            raise ConfigError(f"must be at most {MAX_IO_DEPTH} (io_uring's largest queue)", field="io_depth", got=self.io_depth)
+        if self.io_threads > MAX_IO_THREADS:
+            raise ConfigError(f"must be at most {MAX_IO_THREADS}", field="io_threads", got=self.io_threads)
         _positive("io_read_inflight_bytes", self.io_read_inflight_bytes)
         _positive("bucket_bytes", self.bucket_bytes)
         _positive("bucket_max_keys", self.bucket_max_keys)
@@ -211,6 +221,15 @@ class StoreConfig:
     def replace(self, **changes: Any) -> "StoreConfig":
         """Return a copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+
+#: The longest wait a setting or a ``timeout`` may ask for: a year (Python's own limit on a
+#: wait is about 292 years; past it a wait raises OverflowError).
+MAX_WAIT_S = 365 * 24 * 3600.0
+#: io_uring refuses a queue of more entries than this (IORING_MAX_ENTRIES).
+MAX_IO_DEPTH = 32768
+#: More psync threads than this is a mistake, not a setting (each is an OS thread).
+MAX_IO_THREADS = 1024
 
 
 def _finite(name: str, value: Any) -> None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import time
 from typing import List, Optional
 
+from gdskv.config import MAX_WAIT_S
 from gdskv.errors import GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.tiers.backends.record import record_size
 from gdskv.tiers.dram import DramEntry, SsdState
@@ -44,6 +46,10 @@ class OffloadMixin:
         """
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout):
             raise InvalidValueError("flush timeout must be a number of seconds or None", got=repr(timeout))
+        if timeout == math.inf:
+            timeout = None  # for ever
+        elif timeout is not None and timeout > MAX_WAIT_S:
+            raise InvalidValueError(f"flush timeout must be at most {MAX_WAIT_S:.0f} s (a year), or None", got=timeout)
         if self._backend is None:
             return
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -812,7 +812,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         """Zero-copy, read-only access to DRAM values: yields, per key, ``(view, crc)`` or
         None when the key is not in DRAM. The entries stay pinned (neither evicted nor freed)
         until the block ends; do not keep the views beyond it."""
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         pinned: List[DramEntry] = []
         out: List[Optional[Tuple[memoryview, int]]] = []
         with self._lock:
@@ -850,7 +850,7 @@ class Store(OffloadMixin, HbmStoreMixin):
 
     def offload(self, keys: Sequence[Key]) -> int:
         """Queue DRAM-only objects for SSD now (whatever the offload policy); returns how many."""
-        ks = [encode_key(k) for k in keys]
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
         if self._backend is None:
             return 0
         with self._lock:

@@ -94,9 +94,12 @@ BAD_CALLS = {
     "batch keys str": (lambda s: s.batch_exists("on-ssd"), InvalidValueError),
     "batch put ints": (lambda s: s.batch_put(5, 5), InvalidValueError),
     "batch get_into outs int": (lambda s: s.batch_get_into(["both"], 5), InvalidValueError),
+    "borrow keys str": (lambda s: s.borrow("ab").__enter__(), InvalidValueError),
+    "offload keys str": (lambda s: s.offload("dram-only"), InvalidValueError),
     # other arguments
     "flush timeout str": (lambda s: s.flush(timeout="1"), InvalidValueError),
     "flush timeout nan": (lambda s: s.flush(timeout=float("nan")), InvalidValueError),
+    "flush timeout past a year": (lambda s: s.flush(timeout=1e10), InvalidValueError),
     # output buffers
     "out too small (ssd)": (lambda s: s.get_into("on-ssd", bytearray(100 * KiB - 1)), InvalidValueError),
     "out too small (dram)": (lambda s: s.get_into("dram-only", bytearray(6)), InvalidValueError),
@@ -250,3 +253,28 @@ def test_unknown_name_from_the_environment_lists_the_valid_ones(store, monkeypat
     with pytest.raises(ConfigError, match="eager, watermark"):
         gdskv.open(store.path.parent / "other", dram="1MiB", ssd="8MiB")
     verify_intact(store)
+
+
+@pytest.mark.parametrize("option, value", [
+    ("bucket_max_age_s", 1e10),  # the offloader's wait would overflow: it died, flush() and close() hung
+    ("offload_retry_s", 1e10),
+    ("put_timeout_s", 1e10),
+    ("io_depth", 40000),  # more than io_uring takes: every offload failed, close() lost the data
+    ("io_threads", 100000),  # an OS thread each: the open died with RuntimeError
+    ("dram", "9" * 400),  # a size too large for a float
+])
+def test_settings_past_what_the_machine_can_do_are_config_errors(tmp_path, option, value):
+    with pytest.raises(ConfigError, match=option):
+        gdskv.open(tmp_path / "store", **{option: value})
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())
+
+
+def test_a_config_that_is_not_a_store_config_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="config must be a StoreConfig"):
+        gdskv.open(tmp_path / "store", config={"dram_bytes": 1 << 20})
+
+
+def test_an_infinite_flush_timeout_waits_for_ever(store):
+    store.put("new", b"n" * 5000)
+    store.flush(timeout=float("inf"))
+    assert store.stats()["offload"]["queued"] == 0
