@@ -7,7 +7,9 @@ request is validated as a whole before anything changes, so a bad request change
 Primitives and their contracts (``now`` is ``time.monotonic()``, passed in for testing):
 
 - ``register_node(info, now)``: (re)join; a node already known is reset (its replicas and
-  mailbox dropped: the node re-registers what it holds right after).
+  mailbox dropped: the node re-registers what it holds right after), but for its removals
+  still pending: those stay, so a key removed while the node was down does not come back
+  with it (its re-registration is an echo, and the removal task is handed out again).
 - ``heartbeat(node_id, usage, accesses, now) -> Tasks``: renews the lease, records usage and
   access counts, hands out mailbox tasks. :class:`UnknownNodeError` if the node is not known
   (the master restarted, or the node was dropped after its lease and grace ran out).
@@ -127,10 +129,21 @@ class Registry:
             raise InvalidValueError("node needs a data address", node_id=info.node_id)
         with self._lock:
             old = self._nodes.get(info.node_id)
+            removing: List[Tuple[bytes, Replica]] = []  # the old entry's removals still pending
             if old is not None:
+                removing = [
+                    (key, r) for key in old.keys for r in self._objects[key].replicas
+                    if r.node is old and r.state == EVICTING
+                ]
                 self._drop_node(old)
                 self.counters["nodes_reset"] += 1
-            self._nodes[info.node_id] = NodeEntry(info, now + self.config.lease_s)
+            node = self._nodes[info.node_id] = NodeEntry(info, now + self.config.lease_s)
+            for key, r in removing:
+                obj = self._objects.setdefault(key, Obj())
+                obj.replicas.append(Replica(node, r.tier, EVICTING, r.size, r.crc))
+                obj.replicas.sort(key=_tier_of)
+                node.keys[key] = None
+                node.mailbox.put("remove", key)
             self.counters["nodes_registered"] += 1
 
     def deregister_node(self, node_id: str) -> bool:

@@ -22,9 +22,11 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import re
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import GdskvError, KeyExistsError, MasterUnavailableError, NoSpaceError, UnknownNodeError
@@ -35,6 +37,7 @@ from gdskv.node.fetch import Fetcher
 from gdskv.node.provider import StoreProvider
 from gdskv.node.registrar import Registrar
 from gdskv.store import Store
+from gdskv.tiers.backends.files import write_file_atomic
 from gdskv.transport import ItemStatus, make_server, make_transport
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,34 @@ log = logging.getLogger(__name__)
 MAX_ACCESS_KEYS = 10_000
 #: Bytes a pull buffers at once.
 PULL_CHUNK_BYTES = 256 << 20
+
+
+#: The file in a store directory that keeps the id of the node serving it.
+NODE_ID_FILE = "node-id"
+_NODE_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def stored_node_id(store_dir: Path) -> str:
+    """The node id kept in ``store_dir`` (made and kept there on first use). A node restarted
+    on the same directory so comes back as itself: the master replaces its old entry at
+    once, replicas and pending removals included, instead of keeping it as a second node
+    until its lease runs out."""
+    path = Path(store_dir) / NODE_ID_FILE
+    try:
+        node_id = path.read_text(encoding="ascii").strip()
+        if _NODE_ID.fullmatch(node_id):
+            return node_id
+        log.warning("gdskv: %s does not hold a node id; making a new one", path)
+    except FileNotFoundError:
+        pass
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("gdskv: cannot read %s (%s); making a new node id", path, exc)
+    node_id = uuid.uuid4().hex[:16]
+    try:
+        write_file_atomic(path, node_id.encode("ascii"))
+    except (OSError, GdskvError) as exc:
+        log.warning("gdskv: cannot keep the node id in %s (%s): a restart will come back as another node", path, exc)
+    return node_id
 
 
 class Node:
@@ -54,7 +85,7 @@ class Node:
         self._started = False
         self._closed = False
         cfg = self.config
-        self.node_id = cfg.node_id or uuid.uuid4().hex[:16]
+        self.node_id = cfg.node_id or stored_node_id(store.path)
         self.master_address = master
         self.master = MasterClient(master, timeout_s=cfg.rpc_timeout_s)
         self.transport = make_transport(

@@ -277,3 +277,31 @@ def test_a_replica_whose_value_outgrew_its_record_is_a_stale_replica_not_an_erro
         assert client.get("k") == b"b" * 200
     finally:
         client.close()
+
+
+def test_a_key_removed_while_its_holder_was_down_stays_removed_when_it_restarts(cluster):
+    """A node is killed; a client removes a key only that node holds (the removal waits in
+    the master for the node). The node restarts on the same directory: it comes back with
+    the same id (kept in its store directory), and the key does not come back with it: the
+    master keeps the pending removal, takes the node's re-registration of the key for an
+    echo, and the node deletes its copy."""
+    cluster.start_master()
+    first = cluster.start_node("a")
+    client = gdskv.connect(cluster.master_address)
+    try:
+        client.put("K", b"v" * 1000)
+        wait_until(lambda: NVME in replica_tiers(client, {"K": None}, first["node_id"])[0], what="K on A's SSD")
+        cluster.nodes["a"].kill9()
+        assert client.remove("K") is True
+        again = cluster.start_node("a")
+        assert again["node_id"] == first["node_id"]
+        assert again["objects"] >= 1  # it registered K again
+        assert not client.exists("K") and client.get("K") is None
+        wait_until(lambda: cluster_holds_nothing(client), what="A to delete its copy of K")
+        assert client.get("K") is None
+    finally:
+        client.close()
+
+
+def cluster_holds_nothing(client) -> bool:
+    return all(n.replicas == 0 for n in client.nodes())
