@@ -532,9 +532,19 @@ def fmt_rate(value: float, small: bool) -> str:
     return f"{value / 1000:.1f}k IOPS" if small else f"{value / MiB:.0f} MiB/s"
 
 
+def add_fio_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the benchmarks that measure against fio on one filesystem: ``--dir``,
+    ``--no-fio-install`` and ``--fio-mem`` (shared by bench_read_staging, bench_read_touch)."""
+    p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir in /var/tmp)")
+    p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
+    p.add_argument("--fio-mem", choices=("auto", "huge", "malloc"), default="auto",
+                   help="fio's buffers: on huge pages like gdskv's arena when enough are free (auto), always (huge: "
+                        "as root, reserves them for the run), or fio's default malloc (default auto)")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir in /var/tmp)")
+    add_fio_arguments(p)
     p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB; on the test VM "
                         "2GiB makes each run last about 0.8 s instead of 0.2 s)")
     p.add_argument("--sizes", default="256KiB,2MiB,16MiB", help="object sizes (default 256KiB,2MiB,16MiB)")
@@ -556,10 +566,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="fio and gdskv reads, one after the other, per store written (default 1); more give each read "
                         "ratio more pairs, taken closer together")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
-    p.add_argument("--fio-mem", choices=("auto", "huge", "malloc"), default="auto",
-                   help="fio's buffers: on huge pages like gdskv's arena when enough are free (auto), always (huge: "
-                        "as root, reserves them for the run), or fio's default malloc (default auto)")
     args = p.parse_args(argv)
     if args.read_pairs < 1 or args.repeat < 1:
         p.error("--repeat and --read-pairs must be at least 1")

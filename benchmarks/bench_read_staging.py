@@ -58,9 +58,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--qd", type=int, default=16, help="objects per read batch, and fio's queue depth (default 16)")
     p.add_argument("--rounds", type=int, default=8, help="paired runs per setting (default 8)")
     p.add_argument("--out-align", choices=("64", "page"), default="64", help="alignment of read buffers (default 64)")
-    p.add_argument("--dir", default=None, help="directory on the filesystem to measure (default: a temp dir in /var/tmp)")
-    p.add_argument("--fio-mem", choices=("auto", "huge", "malloc"), default="auto", help="fio's buffers (see bench_io.py)")
-    p.add_argument("--no-fio-install", action="store_true", help="do not apt-get install fio when it is missing")
+    bench_io.add_fio_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 

@@ -5,19 +5,15 @@ leaves its directory as it found it. Nothing here checks a speed."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench_scripts import run_fio_benchmark
 from conftest import uring_unavailable
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_read_staging.py"
 
 
 def run(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path), "--no-fio-install", "--fio-mem", "malloc", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return run_fio_benchmark("bench_read_staging.py", tmp_path, *args)
 
 
 def test_bench_read_staging_prints_a_row_per_setting(tmp_path):

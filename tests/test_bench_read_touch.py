@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench_scripts import BENCHMARKS, run_fio_benchmark
 from conftest import uring_unavailable
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_read_touch.py"
 
 
 def run(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), "--dir", str(tmp_path), "--no-fio-install", "--fio-mem", "malloc", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return run_fio_benchmark("bench_read_touch.py", tmp_path, *args)
 
 
 def test_bench_read_touch_runs_every_kind_each_round(tmp_path):
@@ -45,7 +41,7 @@ def test_bench_read_touch_rejects_a_block_that_is_not_whole_pages(tmp_path):
 
 
 def test_cache_flush_keeps_the_bytes(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     import numpy as np
     from cache_flush import load_flusher
 
@@ -59,7 +55,7 @@ def test_cache_flush_keeps_the_bytes(monkeypatch):
 
 
 def test_cache_flush_without_a_compiler_says_so(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     import cache_flush
 
     monkeypatch.setattr(cache_flush.platform, "machine", lambda: "x86_64")
