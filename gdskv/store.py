@@ -300,8 +300,7 @@ class Store(OffloadMixin, HbmStoreMixin):
         if entry is not None:
             found = entry.complete
             self._dram.detach(entry)
-            if self._space_waiters:
-                self._cond.notify_all()  # its bytes may be free now
+            self._room_made()  # its bytes may be free now
         if self._backend is not None and self._backend.remove(k):
             found = True
         if self._hbm is not None and self._hbm.remove(k):
@@ -945,7 +944,12 @@ class Store(OffloadMixin, HbmStoreMixin):
         for entry in entries:
             entry.readers -= 1
             self._dram.release(entry)
-        if entries and self._space_waiters:
+        if entries:
+            self._room_made()
+
+    def _room_made(self) -> None:
+        """DRAM room may have been made (lock held): wake the puts waiting for it."""
+        if self._space_waiters:
             self._cond.notify_all()
 
     def _wait_idle(self, in_progress: Callable[[], int]) -> None:

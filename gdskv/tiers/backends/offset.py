@@ -400,11 +400,11 @@ class OffsetBackend(StorageBackend):
                 if offsets is not None:
                     for offset in offsets:
                         self._alloc.free(offset)
-                key = self._first_unpinned_victim()
-                if key is None:  # what is left is being read: evicting it would free nothing now
+                victim = self._victims(1)  # the first object whose eviction frees room now
+                if not victim:  # what is left is being read: evicting it would free nothing now
                     offsets = self._try_place(sizes)
                     break
-                self._evict([key], evicted)
+                self._evict(victim, evicted)
                 offsets = self._try_place(sizes)
             if offsets is None:
                 raise NoSpaceError(
@@ -513,15 +513,6 @@ class OffsetBackend(StorageBackend):
                 victims.append(key)
                 need -= size_of(offset)
         return victims
-
-    def _first_unpinned_victim(self) -> Optional[bytes]:
-        """The first object in policy order that no read in flight pins (whose eviction
-        frees its space now), or None. ``_lock`` held."""
-        pins = self._pins
-        for key in self._policy.ordered():
-            if not pins or not pins.get(_record_start(self._objects[key])):
-                return key
-        return None
 
     def _evict(self, keys: List[bytes], evicted: List[bytes]) -> None:
         """Drop ``keys`` to make room, and append them to ``evicted``. ``_lock`` held.
