@@ -37,6 +37,7 @@ from gdskv.errors import (
     StoreClosedError,
     StoreLockedError,
 )
+from gdskv.kvstore import KVStore
 from gdskv.store import CheckReport, Store
 from gdskv.types import Tier
 
@@ -122,6 +123,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidValueError",
     "IoError",
+    "KVStore",
     "KeyExistsError",
     "NoSpaceError",
     "Store",

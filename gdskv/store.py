@@ -294,6 +294,12 @@ class Store(OffloadMixin, HbmStoreMixin):
                 self._stale_on_ssd.discard(k)
             return found
 
+    def batch_remove(self, keys: Sequence[Key]) -> List[bool]:
+        """``remove`` for many keys: per key, whether it was stored. Stops at the first error
+        (the keys before it are removed)."""
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
+        return [self.remove(k) for k in ks]
+
     def _remove_locked(self, k: bytes) -> bool:
         found = False
         entry = self._dram.lookup(k)
@@ -455,6 +461,10 @@ class Store(OffloadMixin, HbmStoreMixin):
                 return n
             return self._read_batch([k], [out], hbm_looked=True)[0]  # HBM said no already
         return self._read_batch([k], [self._out_buffer(out)])[0]
+
+    def batch_get(self, keys: Sequence[Key]) -> List[Optional[bytearray]]:
+        """``get`` for many keys: a new buffer per key, or None for a miss."""
+        return [self.get(k) for k in sequence_arg(keys, "keys")]
 
     def _get_into(self, k: bytes, view: memoryview) -> Optional[int]:
         return self._read_batch([k], [view])[0]
