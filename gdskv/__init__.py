@@ -36,6 +36,8 @@ from gdskv.errors import (
     NoSpaceError,
     StoreClosedError,
     StoreLockedError,
+    TimedOutError,
+    ValueTooLargeError,
 )
 from gdskv.kvstore import KVStore
 from gdskv.store import CheckReport, Store
@@ -131,6 +133,8 @@ __all__ = [
     "StoreConfig",
     "StoreLockedError",
     "Tier",
+    "TimedOutError",
+    "ValueTooLargeError",
     "connect",
     "format_size",
     "open",

@@ -42,6 +42,14 @@ class InvalidValueError(GdskvError, TypeError):
     """A value or output buffer is not a usable contiguous host buffer, or has a bad size."""
 
 
+class ValueTooLargeError(GdskvError, ValueError):
+    """A value is larger than a tier it must fit in (``capacity`` says how large that is)."""
+
+
+class TimedOutError(GdskvError, TimeoutError):
+    """A wait ran past its time limit (``flush(timeout=...)``) before what it waited for happened."""
+
+
 class KeyExistsError(GdskvError):
     """A put tried to store a different value under an existing key without ``overwrite``."""
 

@@ -117,8 +117,8 @@ def main(options: dict) -> None:
     index_tear = None
     if tear is not None:
         if tear["what"] == "data":
-            engine = store._backend.engine = TearingEngine(store._backend.engine)
-            engine.backend = store._backend
+            engine = store.parts.nvme.engine = TearingEngine(store.parts.nvme.engine)
+            engine.backend = store.parts.nvme
         else:
             index_tear = install_index_tear(tear["what"])
     say("ready")

@@ -71,8 +71,8 @@ BAD_CALLS = {
     "value strided": (lambda s: s.put("new", np.arange(100, dtype=np.uint8)[::2]), InvalidValueError),
     "value empty bytes": (lambda s: s.put("new", b""), InvalidValueError),
     "value empty array": (lambda s: s.put("new", np.empty(0, dtype=np.float32)), InvalidValueError),
-    "value larger than DRAM": (lambda s: s.put("new", bytes((1 << 20) + 1)), InvalidValueError),
-    "overwrite larger than DRAM": (lambda s: s.put("both", bytes((1 << 20) + 1), overwrite=True), InvalidValueError),
+    "value larger than DRAM": (lambda s: s.put("new", bytes((1 << 20) + 1)), gdskv.ValueTooLargeError),
+    "overwrite larger than DRAM": (lambda s: s.put("both", bytes((1 << 20) + 1), overwrite=True), gdskv.ValueTooLargeError),
     "batch value bad": (lambda s: s.batch_put(["new1", "new2"], [3.5, b"ok"]), InvalidValueError),
     "batch lengths": (lambda s: s.batch_put(["a", "b"], [b"x"]), InvalidValueError),
     # keys
@@ -278,3 +278,29 @@ def test_an_infinite_flush_timeout_waits_for_ever(store):
     store.put("new", b"n" * 5000)
     store.flush(timeout=float("inf"))
     assert store.stats()["offload"]["queued"] == 0
+
+
+def test_a_value_larger_than_a_tier_is_a_value_error_not_a_type_error(tmp_path):
+    with gdskv.open(tmp_path / "kv", dram="1MiB", ssd="8MiB") as store:
+        with pytest.raises(gdskv.ValueTooLargeError) as too_large:
+            store.put("big", bytes((1 << 20) + 1))
+        assert isinstance(too_large.value, ValueError) and not isinstance(too_large.value, TypeError)
+        assert too_large.value.context["capacity"] == 1 << 20
+        assert "big" not in store
+
+
+def test_a_flush_that_runs_out_of_time_is_a_timeout_not_no_space(tmp_path):
+    import threading
+
+    with gdskv.open(tmp_path / "kv", dram="4MiB", ssd="16MiB") as store:
+        gate = threading.Event()
+        nvme = store.parts.nvme
+        write = nvme.write
+        nvme.write = lambda items: (gate.wait(10), write(items))[1]  # the disk is slow
+        store.put("k", b"x" * 4096)
+        with pytest.raises(gdskv.TimedOutError) as timed_out:
+            store.flush(timeout=0.05)
+        assert isinstance(timed_out.value, TimeoutError) and not isinstance(timed_out.value, gdskv.NoSpaceError)
+        gate.set()
+        store.flush()
+        assert store.get("k") == b"x" * 4096

@@ -40,7 +40,8 @@ def test_promotion_of_bytes_read_before_an_overwrite_does_not_serve_them(make_st
     push_out_of_dram("a")
     assert store.stats()["dram"]["objects"] == 0
 
-    promote = store._maybe_promote = Gate(store._maybe_promote, lambda k, data: k == b"k")
+    promoter = store.parts.promoter
+    promote = promoter.read_seen = Gate(promoter.read_seen, lambda k, data: k == b"k")
     got = []
     reader = threading.Thread(target=lambda: got.append(store.get("k")))
     reader.start()
@@ -88,7 +89,7 @@ def test_put_whose_key_is_removed_while_its_bytes_are_copied(make_store, then):
     # until its copy is over: "b" is never overwritten, and the put of "a" does not fail.
     store = make_store(dram="1MiB", ssd=0)
     va, vb = block(1, 256 * KiB), block(2, 256 * KiB)
-    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"a")
+    copy = store.parts.dram.write = Gate(store.parts.dram.write, lambda entry, value: entry.key == b"a")
     errors = []
 
     def put_a():
@@ -270,7 +271,7 @@ def test_a_put_that_waited_for_room_looks_at_its_key_again(make_store):
     never list a second entry under it (the first would be orphaned: never freed, and
     written to SSD after a remove of the key)."""
     store = make_store(dram="1MiB", put_timeout_s=10)
-    offload = store._backend.write = Gate(store._backend.write)  # the disk is slow
+    offload = store.parts.nvme.write = Gate(store.parts.nvme.write)  # the disk is slow
     for i in range(14):  # DRAM fills with values still being offloaded
         store.put(f"fill{i}", bytes([i]) * (64 * KiB))
     offload.wait_reached()
@@ -332,7 +333,7 @@ def test_remove_waits_for_an_overwritten_value_being_written(make_store):
     detached already). remove() returns only once the offloader took that copy back out."""
     store = make_store()
     store.put("k", b"A" * 10_000)
-    offload = store._backend.write = Gate(store._backend.write, lambda items: any(k == b"k" for k, _, _ in items))
+    offload = store.parts.nvme.write = Gate(store.parts.nvme.write, lambda items: any(k == b"k" for k, _, _ in items))
     offload.wait_reached()  # v1's bucket is being written
     store.put("k", b"B" * 10_000, overwrite=True)
     done = []
@@ -344,7 +345,7 @@ def test_remove_waits_for_an_overwritten_value_being_written(make_store):
     remover.join(10)
     assert done == [True] and store.get("k") is None
     store.flush()
-    assert b"k" not in store._backend.keys() and store.get("k") is None
+    assert b"k" not in store.parts.nvme.keys() and store.get("k") is None
 
 
 def _remove_during_the_write_of(store, key: bytes, *, write_fails: bool, remove_fails: bool):
@@ -354,7 +355,7 @@ def _remove_during_the_write_of(store, key: bytes, *, write_fails: bool, remove_
     ``remove_fails``, the backend's remove of ``key`` raises an I/O error once the records
     have landed. Returns what remove() returned or raised, and the switch that stops the
     backend's removes from failing."""
-    backend = store._backend
+    backend = store.parts.nvme
     real_write, real_remove = backend.write, backend.remove
     landed = threading.Event()
     removes_fail = [remove_fails]
@@ -425,7 +426,7 @@ def test_remove_during_a_write_that_fails_after_landing_takes_the_copy_out(make_
     assert store.get("k") is None
     store.put("other", b"O" * 5000)
     store.flush()  # the offloader has recovered from the failed write
-    assert b"k" not in store._backend.keys()
+    assert b"k" not in store.parts.nvme.keys()
     store.close()
     with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB", backend=backend) as reopened:
         assert reopened.get("k") is None and reopened.get("other") == b"O" * 5000
@@ -433,7 +434,7 @@ def test_remove_during_a_write_that_fails_after_landing_takes_the_copy_out(make_
 
 def test_a_put_of_the_same_bytes_returns_once_they_are_readable(make_store):
     store = make_store()
-    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"k")
+    copy = store.parts.dram.write = Gate(store.parts.dram.write, lambda entry, value: entry.key == b"k")
     first = threading.Thread(target=lambda: store.put("k", b"V" * 5000))
     first.start()
     copy.wait_reached()
@@ -458,9 +459,9 @@ def test_close_waits_for_puts_and_reads_in_progress(make_store, tmp_path, during
     store.put("here", b"H" * 5000)
     key = b"late" if during == "put" else b"here"
     if during == "put":
-        gate = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == key)
+        gate = store.parts.dram.write = Gate(store.parts.dram.write, lambda entry, value: entry.key == key)
     else:
-        gate = store._dram.read_into = Gate(store._dram.read_into, lambda entry, out: entry.key == key)
+        gate = store.parts.dram.read_into = Gate(store.parts.dram.read_into, lambda entry, out: entry.key == key)
     outcome = []
 
     def work():
@@ -497,7 +498,7 @@ def test_an_overwrite_that_fails_to_remove_the_old_copy_gives_its_room_back(make
     def failing(key):
         raise gdskv.IoError("remove failed", path="x")
 
-    monkeypatch.setattr(store._backend, "remove", failing)
+    monkeypatch.setattr(store.parts.nvme, "remove", failing)
     for _ in range(3):
         with pytest.raises(gdskv.IoError):
             store.put("k", b"B" * 4096, overwrite=True)
@@ -512,7 +513,7 @@ def test_an_overwrite_caught_by_close_is_drained(make_store, tmp_path):
     store = make_store()
     store.put("k", b"A" * 5000)
     store.flush()
-    copy = store._dram.write = Gate(store._dram.write, lambda entry, value: entry.key == b"k")
+    copy = store.parts.dram.write = Gate(store.parts.dram.write, lambda entry, value: entry.key == b"k")
     writer = threading.Thread(target=lambda: store.put("k", b"B" * 5000, overwrite=True))
     writer.start()
     copy.wait_reached()

@@ -17,7 +17,7 @@ def test_flush_offloads_what_the_watermark_policy_selects(make_store):
     store = make_store(dram="4MiB", offload="watermark", high_watermark=0.75, low_watermark=0.5,
                        bucket_max_age_s=30.0)
     capacity = store.stats()["dram"]["capacity"]
-    with store._lock:  # sync point: the offloader cannot take the lock until flush waits
+    with store.parts.lock:  # sync point: the offloader cannot take the lock until flush waits
         for i in range(13):  # 3.25 MiB > 0.75 * 4 MiB
             store.put(f"k{i}", np.full(BLOCK, i, dtype=np.uint8))
         assert store.stats()["dram"]["used_bytes"] > 0.75 * capacity

@@ -21,7 +21,7 @@ def test_remove_of_a_key_whose_bucket_is_being_written_is_durable_on_return(make
     # just after that bucket is sealed and indexed (second gate). A remove() that returned
     # while the write was under way must not leave "k" readable or in an index on disk.
     store = make_store(bucket_max_age_s=0.001)
-    backend = store._backend
+    backend = store.parts.nvme
     writing = backend.engine.run = Gate(backend.engine.run)
     sealed = backend.write = After(backend.write)
     value = block(1, 64 * KiB)
@@ -228,7 +228,7 @@ def test_offloader_survives_a_failure_to_remove_a_stale_copy(tmp_path):
     # new value still reaches SSD, flush() and close() return, a reopen serves the new value.
     store = gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB", bucket_max_age_s=0.001)
     try:
-        backend = store._backend
+        backend = store.parts.nvme
         writing = backend.engine.run = Gate(backend.engine.run)
         real_remove = backend.remove
         failures = []

@@ -237,7 +237,7 @@ def test_backpressure_waits_for_offload_then_succeeds(make_store):
         (lambda s: s.put("k" * 5000, b"x"), InvalidKeyError),
         (lambda s: s.put("k", 42), InvalidValueError),
         (lambda s: s.put("k", b""), InvalidValueError),
-        (lambda s: s.put("k", bytes(5 * MiB)), InvalidValueError),
+        (lambda s: s.put("k", bytes(5 * MiB)), gdskv.ValueTooLargeError),
         (lambda s: s.get(None), InvalidKeyError),
         (lambda s: s.batch_put(["a", "b"], [b"x"]), InvalidValueError),
         (lambda s: s.batch_get_into(["a"], []), InvalidValueError),

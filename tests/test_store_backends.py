@@ -126,7 +126,7 @@ def test_nvme_evicts_under_its_cap_and_never_serves_wrong_bytes(make_store, back
     store.close()
     store = make_store(backend=backend, io_engine=engine, dram="2MiB", ssd="6MiB")
     assert store.stats()["nvme"]["used_bytes"] <= store.stats()["nvme"]["capacity"]
-    on_disk = [k.decode() for k in store._backend.keys()]  # noqa: SLF001 - what recovery found
+    on_disk = [k.decode() for k in store.parts.nvme.keys()]  # noqa: SLF001 - what recovery found
     assert on_disk
     verify_all(store, {k: values[k] for k in on_disk})
 
@@ -207,7 +207,7 @@ def test_sigkill_in_a_full_tier_leaves_only_whole_objects(tmp_path, backend_engi
 
     with gdskv.open(path, dram="8MiB", ssd="3MiB", backend=backend, io_engine=engine) as store:
         assert store.recovery.dropped_corrupt == 0, store.recovery
-        found = [k.decode() for k in store._backend.keys()]  # noqa: SLF001 - what recovery found
+        found = [k.decode() for k in store.parts.nvme.keys()]  # noqa: SLF001 - what recovery found
         assert found
         verify_all(store, {k: block_of_full(int(k[1:])) for k in found})
 

@@ -208,8 +208,8 @@ def test_close_does_not_count_an_hbm_object_that_is_on_nvme_as_lost(tmp_path):
     store.put("promoted", block(1, 16 << 10))
     store.put("replaced", block(2, 16 << 10))
     store.flush()
-    with store._lock:  # both now only on NVMe
-        store._evict_dram(until=lambda: not store._dram.entries)
+    with store.parts.lock:  # both now only on NVMe
+        store.parts.room.evict_until(lambda: not store.parts.dram.entries)
     out = standin_array(16 << 10)
     assert store.get_into("promoted", out) == 16 << 10 and out.tobytes() == block(1, 16 << 10)
     assert store.stats()["hbm"]["promoted"] == 1
@@ -217,7 +217,7 @@ def test_close_does_not_count_an_hbm_object_that_is_on_nvme_as_lost(tmp_path):
     faulty.inject("enospc", op=IoOp.WRITE)
     for i in range(4):
         store.put(f"host{i}", block(10 + i, 62_000))  # no room in DRAM for either, and none of it can leave
-    assert {"promoted", "replaced"} <= {k.decode() for k in store._hbm.keys()}
+    assert {"promoted", "replaced"} <= {k.decode() for k in store.parts.hbm.keys()}
     with pytest.raises(gdskv.IoError) as info:
         store.close()
     assert info.value.context["lost"] == 4 + 1  # the DRAM ones and the replaced one
@@ -236,10 +236,10 @@ def test_close_counts_an_hbm_value_larger_than_its_nvme_record_as_lost_and_relea
     store = gdskv.Store(tmp_path / "store", cfg, engine=faulty, hbm_pool=HostStandInPool(64 << 10))
     store.put("k", block(2, 16 << 10))
     store.flush()
-    with store._lock:
-        store._evict_dram(until=lambda: not store._dram.entries)
-    store._hbm.put(b"k", standin_array(block(3, 20 << 10)))
-    assert (store._hbm.size_of_key(b"k"), store._backend.lookup(b"k").size) == (20 << 10, 16 << 10)
+    with store.parts.lock:
+        store.parts.room.evict_until(lambda: not store.parts.dram.entries)
+    store.parts.hbm.put(b"k", standin_array(block(3, 20 << 10)))
+    assert (store.parts.hbm.size_of_key(b"k"), store.parts.nvme.lookup(b"k").size) == (20 << 10, 16 << 10)
     faulty.inject("enospc", op=IoOp.WRITE)
     for i in range(4):
         store.put(f"host{i}", block(10 + i, 62_000))  # no room in DRAM, and none of it can leave
@@ -262,15 +262,16 @@ def test_an_error_in_a_with_block_is_not_replaced_by_a_failing_close(tmp_path, c
 
 
 def test_an_interrupted_close_still_closes(tmp_path):
-    """Whatever escapes the drain (here a KeyboardInterrupt from the flush), close()
-    finishes: the store is closed, its lock released, and it can be opened again."""
+    """Whatever escapes the drain (here a KeyboardInterrupt while it waits for the
+    offloader), close() finishes: the store is closed, its lock released, and it can be
+    opened again."""
     store, faulty = open_faulty(tmp_path, "bucket", "psync")
     store.put("k", block(1, 10_000))
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    store.flush = interrupted
+    store.parts.offloader.wait_drained = interrupted
     with pytest.raises(KeyboardInterrupt):
         store.close()
     with pytest.raises(gdskv.StoreClosedError):
@@ -289,7 +290,7 @@ def test_a_retry_after_a_failure_does_not_wait_for_the_bucket_age(tmp_path):
         with pytest.raises(gdskv.IoError):
             store.flush(timeout=10)
         faulty.clear()
-        store.flush(timeout=5)  # raises NoSpaceError("flush timed out") if the retry waits 60 s
+        store.flush(timeout=5)  # raises TimedOutError("flush timed out") if the retry waits 60 s
         assert store.stats()["nvme"]["objects"] == 1
 
 
@@ -393,16 +394,16 @@ def test_a_write_that_evicts_and_then_fails_leaves_the_evicted_copies_unbacked(t
         old = block(1, 900 << 10)
         store.put("old", old)
         store.flush()
-        assert store._dram.lookup(b"old").ssd is SsdState.ON_SSD
+        assert store.parts.dram.lookup(b"old").ssd is SsdState.ON_SSD
         store.put("mid", block(2, 900 << 10))
         store.flush()
         faulty.inject("enospc", op=IoOp.WRITE)
         store.put("new", block(3, 900 << 10))  # its bucket evicts the oldest one, then fails
         with pytest.raises(gdskv.GdskvError):
             store.flush(timeout=5)
-        with store._lock:
-            assert b"old" not in store._backend.keys()
-            assert store._dram.lookup(b"old").ssd is SsdState.LOST
+        with store.parts.lock:
+            assert b"old" not in store.parts.nvme.keys()
+            assert store.parts.dram.lookup(b"old").ssd is SsdState.LOST
         assert store.get("old") == old  # still served from DRAM
         faulty.clear()
     finally:
@@ -435,7 +436,7 @@ def test_an_interrupt_while_waiting_to_finish_a_put_or_read_skips_no_bookkeeping
         held = threading.Event()
 
         def holder() -> None:
-            with store._lock:  # noqa: SLF001
+            with store.parts.lock:  # noqa: SLF001
                 held.set()
                 release.wait(10)
 
@@ -444,7 +445,7 @@ def test_an_interrupt_while_waiting_to_finish_a_put_or_read_skips_no_bookkeeping
         signal.setitimer(signal.ITIMER_REAL, 0.2)  # lands while the main thread waits
         threading.Timer(0.6, release.set).start()
 
-    tier = store._dram  # noqa: SLF001
+    tier = store.parts.dram  # noqa: SLF001
     if path == "host put":
         real = tier.write
 
@@ -476,7 +477,7 @@ def test_an_interrupt_while_waiting_to_finish_a_put_or_read_skips_no_bookkeeping
         del tier.write
     else:
         del tier.read_into
-    assert store._dram.lookup(b"k").readers == 0  # noqa: SLF001  (no pin left on the entry)
+    assert store.parts.dram.lookup(b"k").readers == 0  # noqa: SLF001  (no pin left on the entry)
     assert store.get("k") == block(1, 4096)  # the put committed before the exception came
     closer = threading.Thread(target=store.close, daemon=True)
     closer.start()

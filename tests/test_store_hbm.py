@@ -1,4 +1,4 @@
-"""The store with an HBM tier (gdskv/store_hbm.py), on a host stand-in for device memory:
+"""The store with an HBM tier (gdskv/store/hbm_front.py), on a host stand-in for device memory:
 device puts land in HBM, reads look there first, evictions reach DRAM and NVMe, close
 drains HBM, the existing-key rules hold across tiers. The same paths on a real GPU are the
 ``gpu`` tests at the end."""
@@ -58,7 +58,7 @@ def test_evicted_objects_reach_dram_then_nvme_and_survive_reopen(hbm_store, tmp_
     store = hbm_store(hbm=64 * KiB)
     for i in range(12):  # 12 x 16 KiB through a 64 KiB pool
         store.put(f"k{i}", dev(i, 16 * KiB))
-    store._hbm.drain()
+    store.parts.hbm.drain()
     stats = store.stats()
     assert stats["hbm"]["objects"] <= 4
     assert stats["hbm"]["evicted_to_dram"] >= 8
@@ -137,8 +137,8 @@ def test_device_reads_from_nvme_stage_in_dram_slots_and_give_them_back(hbm_store
     store = hbm_store(hbm=64 * KiB, hbm_promote=False, promote_after_reads=0)
     assert store.stats()["dram"]["used_bytes"] == 0
     slots = []
-    reserve = store._dram.reserve_unlisted
-    store._dram.reserve_unlisted = lambda key, size: slots.append(key) or reserve(key, size)
+    reserve = store.parts.dram.reserve_unlisted
+    store.parts.dram.reserve_unlisted = lambda key, size: slots.append(key) or reserve(key, size)
     outs = [standin_array(200 * KiB) for _ in range(6)]
     assert store.batch_get_into([f"n{i}" for i in range(6)], outs) == [200 * KiB] * 6
     assert len(slots) == 6  # every value was staged in a DRAM slot
@@ -214,7 +214,7 @@ def test_remove_forgets_hbm_objects(hbm_store):
 
 def test_bad_device_values_are_refused_with_context(hbm_store):
     store = hbm_store(hbm=16 * KiB)
-    with pytest.raises(InvalidValueError, match="HBM tier"):
+    with pytest.raises(gdskv.ValueTooLargeError, match="HBM tier"):
         store.put("big", dev(1, 32 * KiB))
     with pytest.raises(InvalidValueError):
         store.put("empty", standin_array(0))
@@ -225,7 +225,7 @@ def test_dram_only_store_takes_hbm_evictions_as_a_cache(hbm_store):
     store = hbm_store(hbm=32 * KiB, dram="64KiB", ssd=0)
     for i in range(20):
         store.put(f"k{i}", dev(i, 16 * KiB))
-    store._hbm.drain()
+    store.parts.hbm.drain()
     stats = store.stats()
     assert stats["dram"]["dropped"] > 0  # DRAM made room by dropping its coldest objects
     assert read_dev(store, "k19", 16 * KiB) == block(19, 16 * KiB)
@@ -267,15 +267,15 @@ def test_copy_written_while_the_key_cycles_through_hbm_is_kept(hbm_store, tmp_pa
     evicted from HBM again before its offload finishes: the DRAM copy published from HBM
     counts on the SSD copy just written, which must therefore stay on SSD."""
     store = hbm_store()
-    write = store._backend.write = After(store._backend.write)
+    write = store.parts.nvme.write = After(store.parts.nvme.write)
     store.put("k", block(1, 8 * KiB))  # eager: queued for SSD at once
     write.wait_reached()  # written to SSD; the offloader has not finished the batch yet
     assert read_dev(store, "k", 8 * KiB) == block(1, 8 * KiB)  # promoted into HBM
-    store._hbm.evict(store._hbm.capacity)
-    store._hbm.drain()  # published into DRAM again: the first DRAM copy is detached
+    store.parts.hbm.evict(store.parts.hbm.capacity)
+    store.parts.hbm.drain()  # published into DRAM again: the first DRAM copy is detached
     write.open()
     store.flush()
-    assert store._backend.lookup(b"k") is not None
+    assert store.parts.nvme.lookup(b"k") is not None
     store.close()
     with gdskv.open(tmp_path / "store", dram="4MiB", ssd="64MiB") as again:
         assert again.get("k") == block(1, 8 * KiB)
@@ -347,7 +347,7 @@ def test_cuda_device_overwrites_in_a_full_pool(tmp_path):
         assert store.get_into("a", out) == 2 * MiB
         torch.cuda.synchronize()
         assert torch.equal(out, new) and store.stats()["hbm"]["evictions"] == 0
-        sink = store._hbm.sink  # noqa: SLF001
+        sink = store.parts.hbm.sink  # noqa: SLF001
         real = sink.reserve
         sink.reserve = lambda key, size: None  # nothing can leave HBM now
         try:
@@ -367,7 +367,7 @@ def test_a_host_put_of_a_key_waits_for_its_device_put_in_flight(hbm_store, overw
     different value is stored), with it it replaces it. Never do the two tiers each keep
     a value of the key."""
     store = hbm_store()
-    hbm = store._hbm
+    hbm = store.parts.hbm
     real_put = hbm.put
     outcome = []
 
@@ -391,7 +391,7 @@ def test_a_host_put_of_a_key_waits_for_its_device_put_in_flight(hbm_store, overw
     other.join(10)
     assert outcome == ["stored" if overwrite else "refused"]
     in_hbm = hbm.size_of_key(b"k") is not None
-    in_dram = store._dram.lookup(b"k") is not None
+    in_dram = store.parts.dram.lookup(b"k") is not None
     assert in_hbm != in_dram, (in_hbm, in_dram)  # one tier holds the key
     assert store.get("k") == (block(2, 16 * KiB) if overwrite else block(3, 20 * KiB))
     assert read_dev(store, "k", 20 * KiB) == (block(2, 16 * KiB) if overwrite else block(3, 20 * KiB))
@@ -401,7 +401,7 @@ def test_a_remove_of_a_key_waits_for_its_device_put_in_flight(hbm_store):
     """A remove while the key's device put copies into HBM waits for it and removes what it
     stored: the key is gone afterwards, not brought back by the put landing later."""
     store = hbm_store()
-    hbm = store._hbm
+    hbm = store.parts.hbm
     real_put = hbm.put
     removed = []
     other = threading.Thread(target=lambda: removed.append(store.remove("k")))
@@ -453,7 +453,7 @@ def test_a_promotion_never_replaces_or_outlives_a_newer_value(hbm_store, meanwhi
     promotion neither replaces it nor, being dropped, takes it with it)."""
     store = hbm_store()
     store.put("k", block(1, 16 * KiB))  # a host value: in DRAM
-    hbm = store._hbm
+    hbm = store.parts.hbm
     real_put = hbm.put
     at, go = threading.Event(), threading.Event()
 
@@ -489,7 +489,7 @@ def test_a_promotion_registered_before_a_newer_value_never_takes_it_away(hbm_sto
     overwritten) before the promotion's caller goes on: the new value stays."""
     store = hbm_store()
     store.put("k", block(1, 16 * KiB))  # host value: DRAM
-    hbm = store._hbm
+    hbm = store.parts.hbm
     real_put = hbm.put
     at, go = threading.Event(), threading.Event()
 
@@ -522,7 +522,7 @@ def test_a_promotion_is_not_registered_after_an_overwrite_returned(hbm_store):
     then the promotion would register: it is dropped then, and reads get the new value."""
     store = hbm_store()
     store.put("k", block(1, 16 * KiB))
-    hbm = store._hbm
+    hbm = store.parts.hbm
     real_put, real_write = hbm.put, hbm.pool.write
     in_write, go_write, registered, go_check = (threading.Event() for _ in range(4))
 
@@ -560,7 +560,7 @@ def test_a_put_waiting_for_the_same_bytes_then_finds_a_device_put_in_flight(hbm_
     then find D's value (a different one: KeyExistsError), not store V beside it."""
     store = hbm_store()
     V, W = block(1, 16 * KiB), block(2, 16 * KiB)
-    real_write = store._dram.write
+    real_write = store.parts.dram.write
     h1_in_write, release_h1 = threading.Event(), threading.Event()
 
     def held_first_write(entry, view):
@@ -569,8 +569,8 @@ def test_a_put_waiting_for_the_same_bytes_then_finds_a_device_put_in_flight(hbm_
             release_h1.wait(10)
         return real_write(entry, view)
 
-    store._dram.write = held_first_write
-    hbm = store._hbm
+    store.parts.dram.write = held_first_write
+    hbm = store.parts.hbm
     real_put = hbm.put
     d_in_put, release_d = threading.Event(), threading.Event()
 
@@ -596,7 +596,7 @@ def test_a_put_waiting_for_the_same_bytes_then_finds_a_device_put_in_flight(hbm_
     h2 = threading.Thread(target=put, args=("h2", V))
     h2.start()
     deadline = time.monotonic() + 10
-    while store._copy_waiters == 0 and time.monotonic() < deadline:  # H2 waits for H1's bytes
+    while store.parts.activity.copy_waiters == 0 and time.monotonic() < deadline:  # H2 waits for H1's bytes
         time.sleep(0.001)
     d = threading.Thread(target=put, args=("d", dev(2, 16 * KiB)), kwargs={"overwrite": True})
     d.start()
@@ -608,7 +608,7 @@ def test_a_put_waiting_for_the_same_bytes_then_finds_a_device_put_in_flight(hbm_
     h1.join(10)
     h2.join(10)
     assert outcomes["d"] == "stored" and outcomes["h2"] == "refused", outcomes
-    in_hbm, in_dram = hbm.size_of_key(b"k") is not None, store._dram.readable(b"k") is not None
+    in_hbm, in_dram = hbm.size_of_key(b"k") is not None, store.parts.dram.readable(b"k") is not None
     assert in_hbm and not in_dram
     assert store.get("k") == W
 
@@ -642,7 +642,7 @@ def test_a_device_overwrite_that_finds_no_room_leaves_the_old_value(hbm_store, o
     store.put("other", dev(2, 8 * KiB))
     if old_in == "dram":
         store.put("third", dev(3, 8 * KiB))  # HBM full: "other" and "third"
-    sink = store._hbm.sink  # noqa: SLF001
+    sink = store.parts.hbm.sink  # noqa: SLF001
     monkeypatch.setattr(sink, "reserve", lambda key, size: None)  # the sink refuses: nothing can leave HBM
     with pytest.raises(NoSpaceError):
         store.put("k", dev(9, 12 * KiB), overwrite=True)

@@ -29,10 +29,10 @@ class Recorder(StoreListener):
         self.events.append(("evicting", tier, list(keys)))
         for key in keys:
             if tier is Tier.DRAM:
-                entry = self.store._dram.entries.get(key)
+                entry = self.store.parts.dram.entries.get(key)
                 self.held_during_eviction.append(entry is not None and entry.complete and entry.offset >= 0)
             else:  # the backend's lock is held by this thread: read its index directly
-                self.held_during_eviction.append(key in self.store._backend._objects)
+                self.held_during_eviction.append(key in self.store.parts.nvme._objects)
 
     def keys(self, kind, tier):
         return [
@@ -67,7 +67,7 @@ def test_dram_eviction_is_reported_before_the_entry_is_freed(make_store):
     assert evicted, "DRAM never filled up"
     assert all(rec.held_during_eviction)
     for key in evicted:
-        entry = store._dram.entries.get(key)
+        entry = store.parts.dram.entries.get(key)
         assert entry is None or not entry.complete or entry.offset >= 0  # gone (or put back by promotion)
         assert store.get(key) == block(int(key[1:]), 64 * KiB)  # still on NVMe
 
@@ -83,7 +83,7 @@ def test_nvme_bucket_eviction_is_reported_before_the_bucket_goes(make_store):
     assert evicted, "the NVMe tier never filled up"
     assert all(rec.held_during_eviction)
     for key in evicted:
-        assert key not in store._backend._objects or any(
+        assert key not in store.parts.nvme._objects or any(
             key in items for kind, tier, items in rec.events if kind == "stored" and tier is Tier.NVME
         )
 
@@ -147,12 +147,12 @@ def test_promote_copies_an_nvme_only_object_into_dram(make_store):
         store.put(f"k{i}", block(i, 64 * KiB))
         store.flush()
     cold = rec.keys("evicting", Tier.DRAM)[0]
-    assert cold not in store._dram.entries
+    assert cold not in store.parts.dram.entries
     assert not store.promote(cold)  # DRAM is above its high watermark
     for i in range(5, 8):
         store.remove(f"k{i}")
     assert store.promote(cold)
-    assert store._dram.readable(cold) is not None
+    assert store.parts.dram.readable(cold) is not None
     assert rec.keys("stored", Tier.DRAM)[-1] == cold
     assert not store.promote(cold)  # already in DRAM
     assert not store.promote("absent")

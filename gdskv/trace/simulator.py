@@ -17,9 +17,9 @@ It uses the store's own eviction policy objects (:func:`gdskv.tiers.policies.mak
 - **Offload, eager**: every put is queued; once the queue holds ``bucket_bytes`` of values
   or ``bucket_max_keys`` blocks, buckets are written from its front, each taking as many
   records as fit in ``min(bucket_bytes, ssd_bytes // 4)`` (at least one) — the store's
-  offloader rules. **Watermark**: when a put takes DRAM above ``high_watermark``,
+  offloader rules, taken from :mod:`gdskv.store.offload_rule`. **Watermark**: when a put takes DRAM above ``high_watermark``,
   evictable blocks go first, then the coldest DRAM-only blocks are written to SSD and evicted
-  until usage reaches ``low_watermark`` — the store's ``_select_for_offload`` rule.
+  until usage reaches ``low_watermark`` — the rule of the store's offloader (``Offloader._select``).
 - **NVMe**: buckets of blocks, evicted whole in ``ssd_eviction`` order (LRU touches the
   bucket of every NVMe hit) under the ``ssd_bytes`` cap, counting each record's on-disk size
   (:func:`gdskv.tiers.backends.record.record_size`: 4 KiB-aligned header and value). A block
@@ -58,6 +58,7 @@ from typing import Dict, List, Optional, Sequence
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import ConfigError
+from gdskv.store.offload_rule import batch_limit_bytes, keys_per_full_batch
 from gdskv.tiers.backends.record import record_size
 from gdskv.tiers.dram import DRAM_ALIGNMENT
 from gdskv.tiers.policies import EvictionPolicy, make_policy
@@ -157,13 +158,13 @@ class TierSimulator:
         self.has_ssd = cfg.has_ssd
         self.ssd_policy: Optional[EvictionPolicy] = make_policy(cfg.ssd_eviction) if self.has_ssd else None
         self.record_bytes = record_size(config.key_bytes, size)
-        # The store's offloader takes a batch once the queue holds ``bucket_bytes`` of values
-        # or ``bucket_max_keys`` objects; a batch takes records (on-disk sizes) while they
-        # fit in ``min(bucket_bytes, ssd_bytes // 4)``, and at least one.
-        limit = min(cfg.bucket_bytes, cfg.ssd_bytes // 4)
+        # The store's offloader takes a batch once the queue is full (offload_rule.batch_full);
+        # a batch takes records (on-disk sizes) while they fit in batch_limit_bytes, and at
+        # least one.
+        limit = batch_limit_bytes(cfg)
         per_bucket = min(cfg.bucket_max_keys, max(1, limit // self.record_bytes))
         self.bucket_blocks = per_bucket
-        self._due_n = max(1, min(cfg.bucket_max_keys, -(-cfg.bucket_bytes // size)))
+        self._due_n = keys_per_full_batch(size, cfg)
         if self.has_ssd and self.record_bytes > cfg.ssd_bytes:
             raise ConfigError(
                 "a block is larger than the NVMe tier",

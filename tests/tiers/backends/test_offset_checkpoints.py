@@ -300,7 +300,7 @@ def test_an_older_offset_store_is_marked_with_the_new_layout(tmp_path):
     with gdskv.open(tmp_path / "s", dram="8MiB", ssd="16MiB", backend="offset", io_engine="psync") as store:
         store.put("k", b"v" * 5000)
         store.flush()
-        store._backend._base_due = True  # noqa: SLF001  (its final checkpoint a base: the first layout's files)
+        store.parts.nvme._base_due = True  # noqa: SLF001  (its final checkpoint a base: the first layout's files)
     assert deltas(tmp_path / "s") == []
     meta = tmp_path / "s" / "gdskv.json"
     doc = json.loads(meta.read_text())
