@@ -33,8 +33,9 @@ figure and ratio is printed after it), and then how far fio's runs of one operat
 from one another: the noise a single ratio carries on this disk. Each large read is also
 paired with fio reading and checking its own data (``--verify=crc32c``, right before fio's
 plain read): fio's CPU then reads every byte it read, as gdskv's copy and checksum do, and
-on the test VM reads whose memory the CPU reads can run at half speed for a while where
-fio's plain read does not (``benchmarks/bench_read_touch.py``). Those ratios are printed
+on a virtual disk reads into memory the CPU reads can fall into a slow mode that fio's
+plain read never sees (``benchmarks/bench_read_touch.py``, docs/notes/read-slow-mode.md).
+Those ratios are printed
 after the table, without a target.
 Targets: objects >= 1 MiB through ``uring`` >= 0.9x fio (read and write); the batched
 4 KiB path >= 0.5x fio's IOPS. A target is checked only against a fair fio: on huge pages
@@ -317,11 +318,12 @@ def out_buffers(count: int, size: int, align: str) -> Tuple[memoryview, List[mem
 def warm_memory(engine, directory: Path, *areas: memoryview) -> bool:
     """Move every page-aligned 2 MiB piece of ``areas`` through one O_DIRECT write to a
     scratch file in ``directory`` and one read back (the bytes stay as they were), before
-    anything is timed. On the test VM the first O_DIRECT transfer of memory that never took
-    part in one ran about 10% slower than every later one, also after the CPU had rewritten
-    that memory; a store's DRAM arena pays that once in its life, and fio's buffers come
-    from the same reserved huge pages run after run. Returns whether the scratch file took
-    O_DIRECT (a filesystem may refuse it: the memory then went through the page cache)."""
+    anything is timed. The first O_DIRECT transfer of memory that never took part in one
+    can run slower than every later one, also after the CPU rewrote that memory
+    (docs/notes/odirect-memory.md); a store's DRAM arena pays that once in its life, and
+    fio's buffers come from the same reserved huge pages run after run. Returns whether the
+    scratch file took O_DIRECT (a filesystem may refuse it: the memory then went through the
+    page cache)."""
     scratch = directory / "warm.tmp"
     fd = engine.open_file(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     direct = is_direct_fd(fd)
@@ -371,13 +373,12 @@ class RetiredStores:
 
     On ext4 without a journal the inode allocator passes over every inode freed less than a
     minute ago (five more while its inode table block is dirty), testing them one by one
-    (the kernel's ``recently_deleted()``). On the test VM, making a file within a minute of
-    deleting a few thousand took 0.25-1.1 ms, 33-52 µs otherwise. Deleting the last run's
-    store at once (a ``file_per_key`` store of 2 MiB objects is 256 files, of 256 KiB 2048)
-    would charge the next store's writes for what the benchmark did before them; fio's
-    peer makes one file. A retired store keeps its inodes in use: the allocator passes over
-    those in its bitmap, without looking at each one (with stores retired, making a file
-    took 38-101 µs, medians over eight stores of 32 or of 256 files each)."""
+    (the kernel's ``recently_deleted()``), so a file made within a minute of deleting a few
+    thousand is many times slower to make. Deleting the last run's store at once (a
+    ``file_per_key`` store of 2 MiB objects is 256 files, of 256 KiB 2048) would charge the
+    next store's writes for what the benchmark did before them; fio's peer makes one file.
+    A retired store keeps its inodes in use: the allocator passes over those in its bitmap,
+    without looking at each one (figures: docs/notes/file-per-key-and-filesystem.md)."""
 
     def __init__(self, base: Path) -> None:
         #: A directory of this run's own (what a killed run left in ``base`` is not in the way).
@@ -545,8 +546,8 @@ def add_fio_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_fio_arguments(p)
-    p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB; on the test VM "
-                        "2GiB makes each run last about 0.8 s instead of 0.2 s)")
+    p.add_argument("--size", default="512MiB", help="bytes written and read per object size (default 512MiB; more makes "
+                        "each run longer, so a slow second of the disk weighs less on it)")
     p.add_argument("--sizes", default="256KiB,2MiB,16MiB", help="object sizes (default 256KiB,2MiB,16MiB)")
     p.add_argument("--engines", default="uring,psync")
     p.add_argument("--backends", default="bucket,offset,file_per_key",
@@ -560,8 +561,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out-align", choices=("64", "page"), default="64", help="alignment of read buffers (default 64)")
     p.add_argument("--value-align", choices=("dram", "64"), default="dram",
                    help="where written values sit: as the DRAM tier places them, or all 64 bytes past a page (default dram)")
-    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is printed (default 5: on the test VM's disk a median of three paired ratios "
-                        "moved by up to 0.36x between two runs of the same code)")
+    p.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is printed (default 5: on a disk whose speed drifts, a median "
+                        "of three paired ratios moved too far between two runs of the same code)")
     p.add_argument("--read-pairs", type=int, default=1,
                    help="fio and gdskv reads, one after the other, per store written (default 1); more give each read "
                         "ratio more pairs, taken closer together")

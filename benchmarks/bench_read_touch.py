@@ -1,7 +1,7 @@
 """Does the CPU reading what was read slow the next reads down? Large O_DIRECT reads into
 memory nobody reads, against the same reads while the CPU reads that memory.
 
-On the test VM (``benchmarks/README.md``) gdskv's staged reads of large objects ran in one
+On the test VM (docs/notes/read-slow-mode.md) gdskv's staged reads of large objects ran in one
 of two modes, at fio's speed or well below it, for seconds to minutes at a time, while
 fio ran at full speed in between. This separates the two things a staged read does that
 fio's plain read does not: it moves the bytes through the same few staging chunks, and the

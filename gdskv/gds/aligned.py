@@ -19,10 +19,9 @@ Large buffers (the DRAM tier's arena, the engines' staging) are mapped by
 transparent huge pages where the kernel allows. The kernel pins every page of a user
 buffer for an O_DIRECT transfer and hands the device one scatter-gather segment per
 physically contiguous run, so a 2 MiB write from 4 KiB pages is up to 512 segments and
-from huge pages one or two (a value is page-aligned, not huge-page-aligned). On the 2-core
-virtio VM of ``benchmarks/README.md``, 2 MiB O_DIRECT writes through ``uring`` (median of
-4, interleaved with fio) ran at 0.80x fio's speed from shared memory, 1.00x from private
-memory and 1.11x from private memory on huge pages.
+from huge pages one or two (a value is page-aligned, not huge-page-aligned). On a virtual
+disk, whose requests cost per segment, O_DIRECT writes ran slowest from shared memory and
+fastest from private memory on huge pages (docs/notes/odirect-memory.md).
 
 Helpers to open files: :func:`open_file` adds ``O_DIRECT`` when asked and falls back to
 buffered I/O on a filesystem that refuses it (ramfs, some FUSE and network filesystems).

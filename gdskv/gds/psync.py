@@ -5,11 +5,11 @@ disk queues at once. A batch of one request runs inline in the caller's thread (
 pool would only add latency). A larger batch is one :class:`BatchFuture`: ``min(threads, N)``
 pool tasks each take the next request not yet started until none is left, and a caller
 waiting without a timeout takes requests too (unless it is the main thread, where Ctrl-C
-lands), so a batch costs a few pool hand-offs rather than one per request (on the test VM,
-4 KiB reads cost 64 us of CPU each with a pool task per request). Short transfers are
-retried from where they stopped; a transfer that makes no progress (EOF on read) raises
-:class:`IoError`. A ``submit()`` that raises (a signal handler's exception as it hands the
-batch to the pool) first takes the batch back (:meth:`BatchFuture.withdraw`).
+lands), so a batch costs a few pool hand-offs rather than one per request (a pool task per
+request cost a 4 KiB read more CPU than its system call: docs/notes/small-reads-4k.md).
+Short transfers are retried from where they stopped; a transfer that makes no progress (EOF
+on read) raises :class:`IoError`. A ``submit()`` that raises (a signal handler's exception
+as it hands the batch to the pool) first takes the batch back (:meth:`BatchFuture.withdraw`).
 
 Each completed buffered write starts write-back of its range at once (Linux
 ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, asynchronous), so the device is busy while later

@@ -86,18 +86,16 @@ _REFILL_BYTES = 1 << 20
 #: Direct transfers larger than this go to the kernel as several entries of this size:
 #: large enough that a KV block of a few MiB is one entry (the block layer still cuts it to
 #: the device's ``max_sectors_kb``), small enough that a batch of large values ends evenly
-#: instead of waiting on its last, largest entry (O_DIRECT writes from huge pages ran 8%
-#: (2 MiB) and 11% (16 MiB) faster split at 4 MiB than at 1 MiB on the test VM, whose disk
-#: takes 4 MiB requests; reads were within 3%).
+#: instead of waiting on its last, largest entry (on a disk that takes 4 MiB requests, large
+#: O_DIRECT writes from huge pages ran faster split at 4 MiB than at 1 MiB, and reads no
+#: slower: docs/notes/staging-chunk-and-read-cap.md).
 SPLIT_BYTES = 4 << 20
 #: Default cap on the bytes of large reads (anything but small reads) in flight on one
-#: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond). The test VM's
-#: virtual disk reads large blocks faster the fewer are in flight: random 2 MiB reads ran
-#: 7-25% faster with 8 MiB in flight than with 16, and 30% slower with 32; on a later day
-#: (fio 3.5 GB/s at queue depth 2, 2.9 at 16) 2 MiB reads staged through 1 MiB chunks ran
-#: 0.95x of fio with 4 MiB in flight, against 0.74x with 8 MiB through 256 KiB chunks
-#: (``benchmarks/bench_read_staging.py``; 16 MiB reads: within the disk's noise). Writes
-#: ran no faster with a cap, so they have none.
+#: ring: enough to keep an NVMe drive busy (a few GB/s times a millisecond), and no more,
+#: since a virtual disk can read large blocks faster the fewer are in flight
+#: (``benchmarks/bench_read_staging.py`` compares settings on a disk; what chose this one:
+#: docs/notes/staging-chunk-and-read-cap.md). Writes ran no faster with a cap, so they
+#: have none.
 READ_INFLIGHT_BYTES = 4 << 20
 
 
@@ -312,11 +310,9 @@ class Ring:
         sizes = [chunk_bytes] * slots + [self._small_read] * small_slots
         self._slot_views = [self._staging.view[start : start + size] for start, size in zip(starts, sizes)]
         # Free chunks are handed out last freed first, so large reads cycle through as few
-        # chunks as are in flight. On the test VM, random 2 MiB reads (16 per batch, into
-        # memory 64 bytes past a page) ran so at a median of about 2430 MiB/s over sixteen
-        # one-second rounds (1477-2736: stretches at fio's speed, stretches far below it);
-        # handing chunks out in turn (each reused after all the others) gave a steady 2050
-        # (1838-2127). See docs/ssd-path.md, "Where the reads' misses come from".
+        # chunks as are in flight. Handing them out in turn (each reused after all the
+        # others) made staged reads steadier on a virtual disk, not faster, so this order
+        # stays (docs/notes/staging-chunk-and-read-cap.md, docs/notes/read-slow-mode.md).
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_small = list(range(slots + small_slots - 1, slots - 1, -1))
         self._templates: Dict[int, List[Template]] = {}
