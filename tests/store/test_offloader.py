@@ -2,7 +2,7 @@
 backend that records what it is given, and a host that records what it is told. No store.
 
 The store-level behaviour (durability, back-pressure, races with removes) is tested through
-the store in tests/test_store*.py and tests/test_concurrency.py; these tests pin down the
+the store in tests/store/ and tests/store/test_concurrency.py; these tests pin down the
 component's contract: what it writes when, what it tells its host, and its null form.
 """
 
