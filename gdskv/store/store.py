@@ -61,7 +61,7 @@ from gdskv.tiers.dram import DramEntry, DramTier, SsdState
 from gdskv.tiers.policies import make_policy
 from gdskv.types import Key, Tier, byte_view, encode_key, sequence_arg
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gdskv.store")
 
 #: Failed offload batches (each retried after ``offload_retry_s``) after which ``close()``
 #: stops draining and reports what it could not write.
