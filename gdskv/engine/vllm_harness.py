@@ -115,7 +115,7 @@ class VllmEngine:
             self.engine_id = f"gdskv-{uuid.uuid4().hex[:12]}"
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 kv_connector="GdskvConnector",
-                kv_connector_module_path="gdskv.engine.vllm",
+                kv_connector_module_path="gdskv.connectors.vllm",
                 kv_role="kv_both",
                 kv_load_failure_policy="recompute",
                 engine_id=self.engine_id,
@@ -140,7 +140,7 @@ class VllmEngine:
         """This engine's gdskv connectors: ``[scheduler, worker]`` (empty without gdskv)."""
         if self.engine_id is None:
             return []
-        from gdskv.engine import vllm as gv
+        from gdskv.connectors import vllm as gv
 
         found = [c for c in gv.connectors() if c._kv_transfer_config.engine_id == self.engine_id]
         return sorted(found, key=lambda c: c.role.value)

