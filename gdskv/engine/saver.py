@@ -1,4 +1,5 @@
-"""Asynchronous saves of KV pages into a store, off the engine's thread.
+"""Asynchronous saves of KV pages into a :class:`~gdskv.kvstore.KVStore`, off the engine's
+thread.
 
 Contract:
 
@@ -39,6 +40,7 @@ import numpy as np
 from gdskv.engine.layout import PageLayout
 from gdskv.engine.prefix import PrefixKeys
 from gdskv.errors import GdskvError, KeyExistsError, StoreClosedError
+from gdskv.kvstore import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ ReadPage = Callable[[int, Sequence[np.ndarray]], None]
 class AsyncSaver:
     """Background saver of page snapshots into ``store``. See the module docstring."""
 
-    def __init__(self, store, layout: PageLayout, *, staging_bytes: int) -> None:
+    def __init__(self, store: KVStore, layout: PageLayout, *, staging_bytes: int) -> None:
         self.store = store
         self.layout = layout
         self.slots = max(1, staging_bytes // layout.page_nbytes)

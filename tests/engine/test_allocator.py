@@ -8,6 +8,7 @@ import pytest
 
 from gdskv.engine import PagedKVEngine, PoolExhaustedError
 from gdskv.engine.memory import MemoryEngine
+from gdskv.kvstore import KVStore
 
 from .conftest import PAGE, GatedStore, layout, tokens
 
@@ -39,6 +40,37 @@ def verify_pages(engine, pages, expected):
 
 def test_memory_engine_implements_the_protocol():
     assert isinstance(MemoryEngine(layout(), 4), PagedKVEngine)
+
+
+class ProtocolOnly:
+    """A store reduced to the :class:`KVStore` protocol: any other attribute is an error,
+    so the allocator provably needs nothing a cluster client lacks."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+
+    def __getattr__(self, name):
+        if name not in KVStore.__dict__ or name.startswith("_"):
+            raise AttributeError(f"{name} is not part of the KVStore protocol")
+        return getattr(self._store, name)
+
+
+def test_the_allocator_needs_only_the_kvstore_protocol(make_store, make_allocator):
+    store = ProtocolOnly(make_store())
+    a_engine, a = make_allocator(store)
+    toks = tokens(4 * PAGE + 1)
+    _, pages, expected = compute(a_engine, a, toks)
+    assert a.save(toks, pages[:4]) == 4
+    assert a.flush(10)
+    saves = a.stats()["save"]
+    assert saves.get("errors", 0) == 0 and saves["saved_pages"] == 4
+
+    b_engine, b = make_allocator(store)
+    assert b.lookup(toks) == 4 * PAGE
+    fresh = b.allocate(4)
+    assert b.load(toks, fresh) == 4 * PAGE
+    verify_pages(b_engine, fresh, expected[:4])
+    assert a.stats()["store_errors"] == b.stats()["store_errors"] == 0
 
 
 @pytest.mark.parametrize("kind", ["per_layer", "fused"])

@@ -58,18 +58,3 @@ def test_a_store_that_cannot_open_is_none_and_a_warning(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     assert acquire_store(AttachConfig(path=str(blocker / "kv"))) is None
     assert "serves without it" in caplog.text
-
-
-def test_the_vllm_benchmark_says_what_is_missing():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("vLLM is installed here: the missing-engine error cannot be shown")
-    from gdskv.engine import ttft, ttft_vllm
-
-    with pytest.raises(ConfigError, match="vLLM"):
-        ttft_vllm.run(ttft.TtftConfig(**{**ttft.QUICK, "page_size": 32}), progress=False, write=False)

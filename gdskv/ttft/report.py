@@ -1,4 +1,6 @@
-"""Reporting of the TTFT benchmark: progress, the acceptance check, the table, JSON, plots.
+"""Reporting of the TTFT benchmark: the report, progress, the acceptance check, the table,
+JSON, plots. Both runners (:mod:`gdskv.ttft.run_reference`, :mod:`gdskv.ttft.run_vllm`)
+return a :class:`TtftReport`.
 
 Acceptance (issue 4): once memory (pool + DRAM) has run out — the first round in which the
 DRAM-only store drops objects — the ``dram+ssd`` configuration's hit rate in every later
@@ -9,6 +11,7 @@ the margin is reported as a ratio and in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -23,6 +26,20 @@ PLOT_TTFT = "ttft_per_round.png"
 PLOT_HIT = "hit_rate_per_round.png"
 #: Marker and line style per configuration, so overlapping lines stay visible.
 STYLES = [("o", "-"), ("s", "-"), ("^", "-"), ("v", "--"), ("D", ":"), ("x", "-.")]
+
+
+@dataclasses.dataclass
+class TtftReport:
+    """Every figure of a run (``as_dict`` is the JSON), and where the outputs went."""
+
+    banner: Dict[str, Any]
+    results: Dict[str, List[Dict[str, Any]]]  # config -> per-round figures
+    acceptance: Dict[str, Any]
+    json_path: Optional[Path] = None
+    plot_paths: List[Path] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"banner": self.banner, "results": self.results, "acceptance": self.acceptance}
 
 
 def require_extras(*, plots: bool) -> None:
@@ -156,7 +173,7 @@ def render_acceptance(acc: Dict[str, Any]) -> str:
     )
 
 
-def render(report) -> str:
+def render(report: TtftReport) -> str:
     """Banner, table, acceptance and output paths: what ``gdskv bench-ttft`` prints."""
     engine = "vLLM" if str(report.banner.get("engine", "")).startswith("vLLM") else "reference engine"
     lines = [f"gdskv TTFT per round ({engine}, output length 1)"]
@@ -168,7 +185,7 @@ def render(report) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(report, out_dir: Path) -> None:
+def write_outputs(report: TtftReport, out_dir: Path) -> None:
     """Write the JSON of every figure and the two plots under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     report.json_path = out_dir / JSON_NAME
@@ -176,7 +193,7 @@ def write_outputs(report, out_dir: Path) -> None:
     report.plot_paths = plot(report, out_dir)
 
 
-def plot(report, out_dir: Path) -> List[Path]:
+def plot(report: TtftReport, out_dir: Path) -> List[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

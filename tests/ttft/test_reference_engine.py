@@ -16,8 +16,9 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from gdskv.engine import LayoutMismatchError, ModelShape, PrefixKeys, ReferenceEngine  # noqa: E402
+from gdskv.engine import LayoutMismatchError, PrefixKeys  # noqa: E402
 from gdskv.errors import ConfigError, InvalidValueError  # noqa: E402
+from gdskv.ttft.reference_engine import ModelShape, ReferenceEngine  # noqa: E402
 
 torch.set_num_threads(1)  # tiny shapes: one thread is fastest on a shared machine
 

@@ -33,6 +33,7 @@ from gdskv.engine.errors import LayoutMismatchError, PoolExhaustedError
 from gdskv.engine.layout import LAYOUT_KINDS, PageLayout
 from gdskv.engine.prefix import as_tokens
 from gdskv.errors import ConfigError, InvalidValueError
+from gdskv.kvstore import KVStore
 
 #: Model shapes by name: ``tiny`` for tests, ``small`` for the benchmark (wide for its depth,
 #: so that at 2k tokens of context the projections and MLP, not attention, dominate a
@@ -133,7 +134,7 @@ class ReferenceEngine:
         kind: str = "per_layer",
         dtype: str = "float32",
         device: str = "cpu",
-        store: Any = None,
+        store: Optional[KVStore] = None,
         offload: Optional[OffloadConfig] = None,
     ) -> None:
         torch, transformers = _torch()

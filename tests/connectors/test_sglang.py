@@ -14,7 +14,7 @@ import logging
 
 import pytest
 
-from .conftest import SGLANG_VERSION, import_or_skip
+from real_engines import SGLANG_VERSION, import_or_skip
 
 pytestmark = pytest.mark.sglang
 
@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch")
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
-from gdskv.engine.sglang import GdskvHiCacheStorage  # noqa: E402
+from gdskv.connectors.sglang import GdskvHiCacheStorage  # noqa: E402
 from gdskv.errors import ConfigError  # noqa: E402
 
 PAGE, LAYERS, HEADS, DIM, TOKENS = 16, 2, 2, 32, 16 * 8
-DYNAMIC = {"backend_name": "gdskv", "module_path": "gdskv.engine.sglang", "class_name": "GdskvHiCacheStorage"}
+DYNAMIC = {"backend_name": "gdskv", "module_path": "gdskv.connectors.sglang", "class_name": "GdskvHiCacheStorage"}
 
 
 class HostPool:
@@ -83,6 +83,22 @@ def test_the_factory_loads_the_backend_dynamically(tmp_path):
         assert isinstance(backend, GdskvHiCacheStorage)
         assert isinstance(backend, HiCacheStorage)
         assert not GdskvHiCacheStorage.__abstractmethods__
+    finally:
+        backend.close()
+
+
+def test_the_old_module_path_gives_the_same_objects(tmp_path):
+    """Configs written before the move name ``gdskv.engine.sglang``; it re-exports the backend."""
+    import gdskv.connectors.sglang as new
+    import gdskv.engine.sglang as old
+
+    assert old.__all__ == new.__all__
+    for name in new.__all__:
+        assert getattr(old, name) is getattr(new, name), name
+    cfg = storage_config(tmp_path / "kv", module_path="gdskv.engine.sglang")
+    backend = StorageBackendFactory.create_backend("dynamic", cfg, HostPool(0))
+    try:
+        assert type(backend) is GdskvHiCacheStorage
     finally:
         backend.close()
 

@@ -1,4 +1,4 @@
-"""The real-engine tests: vLLM and SGLang, each in an environment of its own.
+"""Helpers of the real-engine tests: vLLM and SGLang, each in an environment of its own.
 
 They need packages too heavy for every CI run, so they carry the ``vllm`` or ``sglang``
 marker and skip, saying why, where the engine cannot be imported. One command builds the

