@@ -36,16 +36,19 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from crc32c import crc32c
 
-from gdskv.errors import InvalidValueError, StoreClosedError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, StoreClosedError
+from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
+from gdskv.gds.engine import IoRequest
+from gdskv.tiers.backends.record import RECORD_HEADER, IndexEntry, checksum, decode_head, head_size
 
-if TYPE_CHECKING:
-    from gdskv.gds.engine import IoRequest
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +81,91 @@ TRANSIENT_ERRNOS = frozenset({errno.EBADF, errno.EMFILE, errno.ENFILE, errno.ENO
 
 WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value)
 ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the read failure ``exc`` says nothing of the replica: an errno of
+    :data:`TRANSIENT_ERRNOS` (an ``OSError``'s, or an ``IoError``'s ``errno`` context), or
+    an ``out`` buffer the engine could not use (the caller's fault)."""
+    if isinstance(exc, InvalidValueError):
+        return True
+    code = getattr(exc, "context", {}).get("errno", getattr(exc, "errno", None))
+    return code in TRANSIENT_ERRNOS
+
+
+def verify(head: "bytes | bytearray | memoryview", value: memoryview, entry: IndexEntry, *, path: str = "", offset: int = 0) -> None:
+    """Check a record read back against the index ``entry`` that lists it; pure (reads
+    nothing, changes nothing). Returns None when the record is the one ``entry`` describes,
+    else raises :class:`CorruptionError` naming the first thing that disagrees, with
+    ``path``, ``offset`` (where the record starts), and what was expected and got.
+
+    ``head``: the record's head block from its start (header and key at least); ``value``:
+    the bytes where ``entry`` says the value is. The one rule for every backend: the header
+    is intact (magic, header CRC32C, a format this gdskv reads: a record newer than the
+    index that lists it is corrupt too), holds the key, value length, sequence number and
+    CRC32C the index says, and CRC32C(key + value) is that CRC32C."""
+    try:
+        header = decode_head(head, path=path, offset=offset)
+    except FormatVersionError as exc:
+        raise CorruptionError("record of a newer format than its index", path=path, offset=offset, got=exc.context.get("got")) from exc
+    key = bytes(head[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
+    if key != entry.key:
+        raise CorruptionError("record holds another key than its index lists", path=path, offset=offset, expected=entry.key[:64], got=key[:64])
+    expected, got = (entry.value_len, entry.seq, entry.crc), (header.value_len, header.seq, header.crc)
+    if got != expected:
+        raise CorruptionError("record header disagrees with the index", path=path, offset=offset, expected=expected, got=got)
+    if value.nbytes != entry.value_len:
+        raise CorruptionError("record shorter than its index says", path=path, offset=offset, expected=entry.value_len, got=value.nbytes)
+    crc = checksum(key, value)
+    if crc != entry.crc:
+        raise CorruptionError("value checksum mismatch", path=path, offset=offset, expected=entry.crc, got=crc)
+
+
+class RecordReader:
+    """Reads whole records back through the I/O engine and :func:`verify` s them, into one
+    page-aligned buffer reused from record to record (grown when a record needs more):
+    for ``check()`` and a full verification at open. ``close()`` frees the buffer."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._buf: Optional[AlignedBuffer] = None
+
+    def verify(self, fd: int, path: str, start: int, entry: IndexEntry) -> Optional[str]:
+        """Why the record of ``entry`` at ``start`` of ``fd`` is not intact, or None when it
+        is, or when its read failed in a way that says nothing of it (:func:`transient`:
+        logged, not judged). Any other read failure (EIO, a short file) is a verdict."""
+        head_len = head_size(len(entry.key))
+        size = head_len + entry.value_len
+        if self._buf is None or self._buf.nbytes < size:
+            self.close()
+            self._buf = alloc_aligned(size, huge=False)
+        view = self._buf.view
+        head, value = view[:head_len], view[head_len:size]
+        try:
+            self.engine.run([IoRequest.read(fd, start, head, value, path=path)])
+            verify(head, value, entry, path=path, offset=start)
+        except CorruptionError as exc:
+            return str(exc)
+        except (OSError, GdskvError) as exc:
+            if transient(exc):
+                log.warning("gdskv: could not read %r in %s for now: %s", entry.key[:64], path, exc)
+                return None
+            return f"read failed: {exc}"
+        finally:
+            head.release()
+            value.release()
+        return None
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+
+    def __enter__(self) -> "RecordReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class StorageBackend:
@@ -150,7 +238,7 @@ class StorageBackend:
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, Any]], pins: List[Any]
-    ) -> "List[IoRequest]":  # pragma: no cover
+    ) -> List[IoRequest]:  # pragma: no cover
         """The requests that read ``items[start:end]`` (lock held). For each item stored,
         append ``(item index, index entry)`` to ``plan``, what it pinned to ``pins``, and
         return its request; raise :class:`InvalidValueError` (before pinning it) for an
@@ -227,7 +315,7 @@ class StorageBackend:
             size = entry.value_len
             if isinstance(outcome, BaseException):
                 self.counters["read_errors"] += 1
-                if not isinstance(outcome, InvalidValueError) and getattr(outcome, "context", {}).get("errno") not in TRANSIENT_ERRNOS:
+                if not transient(outcome):
                     bad.append((j, entry, f"read failed: {outcome}"))
             elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1

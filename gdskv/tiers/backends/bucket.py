@@ -43,15 +43,12 @@ from gdskv.errors import (
 )
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem, transient
 from gdskv.tiers.backends.coalesce import coalesced_writes
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
-    RECORD_HEADER,
     HeadBlocks,
     IndexEntry,
-    checksum,
-    decode_head,
     decode_index,
     encode_index,
     head_size,
@@ -216,29 +213,25 @@ class BucketBackend(StorageBackend):
 
     def _verify_bucket(self, bucket: _Bucket) -> int:
         """Read and verify every record of ``bucket``; drop the bad entries. Returns their count."""
-        bad = [key for key in list(bucket.entries) if not self._verify_record(bucket, bucket.entries[key])]
+        with RecordReader(self.engine) as reader:
+            bad = [key for key, entry in bucket.entries.items() if self._verify_record(reader, bucket, entry) is not None]
         for key in bad:
             del bucket.entries[key]
         return len(bad)
 
-    def _verify_record(self, bucket: _Bucket, entry: IndexEntry) -> bool:
-        start = entry.value_offset - head_size(len(entry.key))
-        path = str(bucket.data_path)
+    def _verify_record(self, reader: RecordReader, bucket: _Bucket, entry: IndexEntry) -> Optional[str]:
+        """Why the record of ``entry`` is corrupt, or None (see :meth:`RecordReader.verify`)."""
         try:
-            with open(bucket.data_path, "rb") as f:
-                f.seek(start)
-                head = f.read(head_size(len(entry.key)))
-                header = decode_head(head, path=path, offset=start)
-                key = head[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len]
-                if (key, header.value_len, header.crc, header.seq) != (entry.key, entry.value_len, entry.crc, entry.seq):
-                    raise CorruptionError("record header disagrees with index", path=path, offset=start)
-                value = f.read(entry.value_len)
-            if checksum(entry.key, value) != entry.crc:
-                raise CorruptionError("value checksum mismatch", path=path, offset=entry.value_offset)
-        except (CorruptionError, OSError) as exc:
-            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
-            return False
-        return True
+            fd = self.engine.open_file(bucket.data_path, os.O_RDONLY)
+        except OSError as exc:
+            return None if transient(exc) else f"cannot open {bucket.path}: {exc}"
+        try:
+            why = reader.verify(fd, bucket.path, entry.value_offset - head_size(len(entry.key)), entry)
+        finally:
+            os.close(fd)
+        if why is not None:
+            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
+        return why
 
     # ------------------------------------------------------------------ writes
 
@@ -514,7 +507,8 @@ class BucketBackend(StorageBackend):
         """Verify every record (header, key, value checksum); drop and return corrupt keys."""
         with self._lock:
             snapshot = [(b, e) for b in self._buckets.values() for e in b.entries.values()]
-        failed = [(b, e) for b, e in snapshot if not self._verify_record(b, e)]
+        with RecordReader(self.engine) as reader:
+            failed = [(b, e) for b, e in snapshot if self._verify_record(reader, b, e) is not None]
         corrupt: List[bytes] = []
         with self._lock:
             for bucket, entry in failed:

@@ -65,14 +65,13 @@ from gdskv.config import FILE_PER_KEY_SYNC_MODES, check_choice
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
-from gdskv.tiers.backends.base import TRANSIENT_ERRNOS, ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem, transient
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, syncfs, syncfs_available, unlink_quietly
 from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
     RECORD_HEADER,
     HeadBlocks,
     IndexEntry,
-    checksum,
     decode_head,
     head_size,
     record_buffers,
@@ -218,44 +217,45 @@ class FilePerKeyBackend(StorageBackend):
         found: Dict[bytes, Tuple[IndexEntry, Path]] = {}
         stale_dirs: Set[Path] = set()  # where an older copy of a key was deleted
         old_tree = False  # whether directories of the older layout are there
-        for dirpath, _dirs, names in os.walk(self.dir):
-            here = Path(dirpath)
-            layout, depth = self._layout_of(here)
-            old_tree = old_tree or layout == 1
-            if names and (layout is None or depth != 2):  # not where either layout keeps files
-                log.warning("gdskv: %s is not a shard directory; leaving its files alone", here)
-                continue
-            for name in names:
-                path = here / name
-                if name.startswith(SPARE_PREFIX) and name.endswith(TMP_SUFFIX):  # no object's
-                    unlink_quietly(path)
+        with RecordReader(self.engine) as reader:
+            for dirpath, _dirs, names in os.walk(self.dir):
+                here = Path(dirpath)
+                layout, depth = self._layout_of(here)
+                old_tree = old_tree or layout == 1
+                if names and (layout is None or depth != 2):  # not where either layout keeps files
+                    log.warning("gdskv: %s is not a shard directory; leaving its files alone", here)
                     continue
-                if name.endswith(TMP_SUFFIX):
-                    unlink_quietly(path)
-                    report.dropped_torn += 1
-                    continue
-                if not name.endswith(SUFFIX):  # not the store's: someone put it there
-                    log.warning("gdskv: %s is not a record file; leaving it alone", path)
-                    continue
-                try:
-                    entry = self._load(path)
-                except FileNotFoundError:
-                    continue  # gone since the directory was listed
-                if entry is None:
-                    unlink_quietly(path)
-                    report.dropped_corrupt += 1
-                    continue
-                other = found.get(entry.key)
-                if other is not None:  # the same key in both layouts: the newest wins
-                    if other[0].seq != entry.seq:
-                        older, newer = (other, (entry, path)) if other[0].seq < entry.seq else ((entry, path), other)
-                        log.info("gdskv: %s is an older copy of the record in %s; deleting it", older[1], newer[1])
-                    else:  # one file under two names (a move that stopped): keep its place
-                        older, newer = (other, (entry, path)) if path == self.path_of(entry.key) else ((entry, path), other)
-                    unlink_quietly(older[1])
-                    stale_dirs.add(older[1].parent)
-                    entry, path = newer
-                found[entry.key] = (entry, path)
+                for name in names:
+                    path = here / name
+                    if name.startswith(SPARE_PREFIX) and name.endswith(TMP_SUFFIX):  # no object's
+                        unlink_quietly(path)
+                        continue
+                    if name.endswith(TMP_SUFFIX):
+                        unlink_quietly(path)
+                        report.dropped_torn += 1
+                        continue
+                    if not name.endswith(SUFFIX):  # not the store's: someone put it there
+                        log.warning("gdskv: %s is not a record file; leaving it alone", path)
+                        continue
+                    try:
+                        entry = self._load(path, reader)
+                    except FileNotFoundError:
+                        continue  # gone since the directory was listed
+                    if entry is None:
+                        unlink_quietly(path)
+                        report.dropped_corrupt += 1
+                        continue
+                    other = found.get(entry.key)
+                    if other is not None:  # the same key in both layouts: the newest wins
+                        if other[0].seq != entry.seq:
+                            older, newer = (other, (entry, path)) if other[0].seq < entry.seq else ((entry, path), other)
+                            log.info("gdskv: %s is an older copy of the record in %s; deleting it", older[1], newer[1])
+                        else:  # one file under two names (a move that stopped): keep its place
+                            older, newer = (other, (entry, path)) if path == self.path_of(entry.key) else ((entry, path), other)
+                        unlink_quietly(older[1])
+                        stale_dirs.add(older[1].parent)
+                        entry, path = newer
+                    found[entry.key] = (entry, path)
         moves = [(path, place) for key, (_, path) in found.items() if (place := self.path_of(key)) != path]
         self._move_into_place(moves, stale_dirs)
         if old_tree:
@@ -342,33 +342,43 @@ class FilePerKeyBackend(StorageBackend):
             if parent.exists():
                 _fsync_dir_quietly(parent)
 
-    def _load(self, path: Path) -> Optional[IndexEntry]:
+    def _load(self, path: Path, reader: RecordReader) -> Optional[IndexEntry]:
         """The entry of one record file, or None if it is not an intact record of its name.
-        A file that cannot be read for now (EIO, EMFILE, ...) is not judged: IoError, and
-        the open fails with nothing deleted. A file gone meanwhile raises FileNotFoundError."""
+        Read through the engine; with ``verify_on_open`` "full", verified as ``check()``
+        verifies it (``reader``). A file that cannot be read for now (EIO, EMFILE, ...) is
+        not judged: IoError, and the open fails with nothing deleted. A file gone meanwhile
+        raises FileNotFoundError."""
         try:
-            with open(path, "rb") as f:
-                head = f.read(RECORD_HEADER.size)
+            fd = self.engine.open_file(path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                head = bytearray(min(size, head_size(0)))
+                self.engine.run([IoRequest.read(fd, 0, memoryview(head), path=str(path))])
                 header = decode_head(head, path=str(path))
-                key = f.read(header.key_len)
-                if len(key) != header.key_len or file_name(key) != path.name:
-                    raise CorruptionError("file name does not match the key inside", path=str(path))
                 value_at = head_size(header.key_len)
-                size = os.fstat(f.fileno()).st_size
                 if size < value_at + header.value_len:
                     raise CorruptionError("record file shorter than its header says", path=str(path), got=size)
-                if self.verify_on_open == "full":
-                    f.seek(value_at)
-                    if checksum(key, f.read(header.value_len)) != header.crc:
-                        raise CorruptionError("value checksum mismatch", path=str(path))
+                if value_at > len(head):  # a key longer than the first block holds
+                    head = bytearray(value_at)
+                    self.engine.run([IoRequest.read(fd, 0, memoryview(head), path=str(path))])
+                key = bytes(head[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
+                if file_name(key) != path.name:
+                    raise CorruptionError("file name does not match the key inside", path=str(path))
+                entry = IndexEntry(key, value_at, header.value_len, header.seq, header.crc)
+                why = reader.verify(fd, str(path), 0, entry) if self.verify_on_open == "full" else None
+                if why is not None:
+                    raise CorruptionError(why, path=str(path))
+            finally:
+                os.close(fd)
         except CorruptionError as exc:  # (a newer format's FormatVersionError goes through)
             log.warning("gdskv: dropping %s: %s", path, exc)
             return None
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise IoError(f"cannot read a record file at open: {exc.strerror}", path=str(path), errno=exc.errno) from exc
-        return IndexEntry(key, value_at, header.value_len, header.seq, header.crc)
+            code = exc.context.get("errno") if isinstance(exc, IoError) else exc.errno
+            raise IoError(f"cannot read a record file at open: {exc.strerror or exc}", path=str(path), errno=code) from exc
+        return entry
 
     # ------------------------------------------------------------------ writes
 
@@ -928,14 +938,15 @@ class FilePerKeyBackend(StorageBackend):
         The files are read outside the lock, so a write may replace one meanwhile; a failed
         entry is dropped only if it is still current (then its path holds its file: a write
         renames and indexes in one hold of the lock). A file that cannot be read for now
-        (:data:`TRANSIENT_ERRNOS`: out of descriptors, ...) is not judged."""
+        (:func:`~gdskv.tiers.backends.base.transient`: out of descriptors, ...) is not judged."""
         with self._lock:
             snapshot = list(self._objects.values())
         failed = []
-        for entry in snapshot:
-            why = self._verify_file(entry)
-            if why is not None:
-                failed.append((entry, why))
+        with RecordReader(self.engine) as reader:
+            for entry in snapshot:
+                why = self._verify_file(reader, entry)
+                if why is not None:
+                    failed.append((entry, why))
         corrupt: List[bytes] = []
         with self._lock:
             for entry, why in failed:
@@ -947,27 +958,21 @@ class FilePerKeyBackend(StorageBackend):
             self.counters["corrupt_reads"] += len(corrupt)
         return corrupt
 
-    def _verify_file(self, entry: IndexEntry) -> Optional[str]:
-        """Why the file of ``entry`` does not hold it (header, key, seq, value checksum), or
-        None when it does. Reads the file without the lock."""
-        path = self.path_of(entry.key)
+    def _verify_file(self, reader: RecordReader, entry: IndexEntry) -> Optional[str]:
+        """Why the file of ``entry`` does not hold it, or None when it does (see
+        :meth:`RecordReader.verify`). Reads the file without the lock."""
+        path = self.path_str(entry.key)
         try:
-            fd = self._with_descriptors(os.open, path, os.O_RDONLY, lock_held=False)
-            with os.fdopen(fd, "rb") as f:
-                header = decode_head(f.read(RECORD_HEADER.size), path=str(path))
-                key = f.read(header.key_len)
-                f.seek(entry.value_offset)
-                value = f.read(entry.value_len)
-            if (key, header.seq) != (entry.key, entry.seq) or checksum(key, value) != entry.crc:
-                raise CorruptionError("record does not match the index", path=str(path))
-        except CorruptionError as exc:
-            return str(exc)
+            fd = self._open_file(path, os.O_RDONLY, lock_held=False)
         except OSError as exc:
-            if exc.errno in TRANSIENT_ERRNOS:
+            if transient(exc):
                 log.warning("gdskv: check() could not read %s for now: %s", path, exc)
                 return None
             return str(exc)
-        return None
+        try:
+            return reader.verify(fd, path, 0, entry)
+        finally:
+            os.close(fd)
 
     @property
     def used_bytes(self) -> int:

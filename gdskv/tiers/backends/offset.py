@@ -70,7 +70,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.checkpoints import (
     BASE_FILE,
     base_is_due,
@@ -90,7 +90,6 @@ from gdskv.tiers.backends.record import (
     HeadBlocks,
     IndexEntry,
     checksum,
-    decode_head,
     decode_index,
     encode_head,
     head_size,
@@ -228,6 +227,20 @@ class OffsetBackend(StorageBackend):
                 entries.pop(entry.key, None)
             else:
                 entries[entry.key] = entry
+        with RecordReader(self.engine) as reader:
+            self._index_recovered(entries, reader, report)
+        report.objects = len(self._objects)
+        report.bytes = sum(e.value_len for e in self._objects.values())
+        report.containers = 1
+        with self._wlock:
+            self._changed.clear()
+            self._base_due = True  # what recovery found, in full; the deltas read go
+            self._checkpoint([])
+
+    def _index_recovered(self, entries: Dict[bytes, IndexEntry], reader: RecordReader, report: RecoveryReport) -> None:
+        """Claim the space of each recovered entry and index it, oldest first; drop (count)
+        one that lies beyond the file or on another's space, or, with ``verify_on_open``
+        "full", fails verification."""
         for entry in sorted(entries.values(), key=lambda e: e.seq):
             start = _record_start(entry)
             try:
@@ -238,19 +251,12 @@ class OffsetBackend(StorageBackend):
                 log.warning("gdskv: dropping %r from %s: %s", entry.key[:64], self.data_path, exc)
                 report.dropped_corrupt += 1
                 continue
-            if self.verify_on_open == "full" and not self._verify_record(entry):
+            if self.verify_on_open == "full" and not self._verify_record(reader, entry):
                 self._alloc.free(start)
                 report.dropped_corrupt += 1
                 continue
             self._objects[entry.key] = entry
             self._policy.insert(entry.key)
-        report.objects = len(self._objects)
-        report.bytes = sum(e.value_len for e in self._objects.values())
-        report.containers = 1
-        with self._wlock:
-            self._changed.clear()
-            self._base_due = True  # what recovery found, in full; the deltas read go
-            self._checkpoint([])
 
     def _open_data_file(self, *, empty: bool) -> None:
         """Open (or create) the data file and preallocate it to ``capacity``.
@@ -342,28 +348,13 @@ class OffsetBackend(StorageBackend):
         except OSError as exc:
             raise IoError(f"cannot delete an unusable checkpoint: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
 
-    def _read_at_strict(self, offset: int, buf: memoryview) -> None:
+    def _verify_record(self, reader: RecordReader, entry: IndexEntry) -> bool:
+        """Whether the record of ``entry`` is intact (see :meth:`RecordReader.verify`)."""
         assert self._fd is not None
-        self.engine.run([IoRequest.read(self._fd, offset, buf, path=str(self.data_path))])
-
-    def _verify_record(self, entry: IndexEntry) -> bool:
-        start = _record_start(entry)
-        size = record_size(len(entry.key), entry.value_len)
-        buf = bytearray(size)
-        path = str(self.data_path)
-        try:
-            self._read_at_strict(start, memoryview(buf))
-            header = decode_head(buf, path=path, offset=start)
-            key = bytes(buf[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
-            if (key, header.value_len, header.crc, header.seq) != (entry.key, entry.value_len, entry.crc, entry.seq):
-                raise CorruptionError("record header disagrees with the index", path=path, offset=start)
-            value_at = entry.value_offset - start
-            if checksum(entry.key, memoryview(buf)[value_at : value_at + entry.value_len]) != entry.crc:
-                raise CorruptionError("value checksum mismatch", path=path, offset=entry.value_offset)
-        except (CorruptionError, IoError) as exc:
-            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
-            return False
-        return True
+        why = reader.verify(self._fd, self._path, _record_start(entry), entry)
+        if why is not None:
+            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
+        return why is None
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -714,7 +705,8 @@ class OffsetBackend(StorageBackend):
             for record in pins:
                 self._pins[record] = self._pins.get(record, 0) + 1
         try:
-            corrupt = [e for e in snapshot if not self._verify_record(e)]
+            with RecordReader(self.engine) as reader:
+                corrupt = [e for e in snapshot if not self._verify_record(reader, e)]
         finally:
             with self._lock:
                 self._unpin_reads(pins)

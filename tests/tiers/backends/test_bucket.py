@@ -286,10 +286,10 @@ def test_check_does_not_report_objects_removed_or_evicted_while_it_runs(backends
         write(b, {f"k{i}": block(i, 5000)})  # one bucket each
     real = b._verify_record
 
-    def verify_after_a_concurrent_remove(bucket, entry):
+    def verify_after_a_concurrent_remove(reader, bucket, entry):
         if entry.key == b"k1":
             b.remove(b"k1")  # its bucket is emptied: both files are deleted
-        return real(bucket, entry)
+        return real(reader, bucket, entry)
 
     b._verify_record = verify_after_a_concurrent_remove
     assert b.check() == []

@@ -180,16 +180,12 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, direct_psync):
 def test_a_record_file_that_cannot_be_read_at_open_fails_the_open_and_is_kept(tmp_path, direct_psync, monkeypatch):
     """EIO (or running out of descriptors) says nothing about the file: it is not deleted
     as corrupt, and the open fails with the path, so that a retry finds everything."""
-    import builtins
-
-    import gdskv.tiers.backends.file_per_key as fpk
-
     values = {f"k{i}".encode(): block(i, 3000) for i in range(8)}
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items(values))
     backend.close()
     failing = str(backend.path_of(b"k3"))
-    monkeypatch.setattr(fpk, "open", failing_for(failing, builtins.open, errno.EIO), raising=False)
+    monkeypatch.setattr(direct_psync, "open_file", failing_for(failing, direct_psync.open_file, errno.EIO))
     with pytest.raises(IoError) as info:
         open_backend(tmp_path, direct_psync)
     assert info.value.context["path"] == failing and info.value.context["errno"] == errno.EIO
