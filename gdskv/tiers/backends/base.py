@@ -1,13 +1,16 @@
 """The storage backend protocol: how the NVMe tier lays objects out on disk.
 
-A backend decides *where* bytes go; an :class:`gdskv.gds.IoEngine` moves them. Every backend
-keeps its own key index, persists it so that a reopen finds every object that was durable,
-and enforces its byte cap by evicting at its own granularity (whole buckets for the bucket
-backend). Primitives and their contracts:
+A backend decides *where* bytes go; an :class:`gdskv.gds.IoEngine` (``backend.engine``)
+moves them: every read and write of a record goes through it. Every backend keeps its own
+key index, persists it so that a reopen finds every object that was durable, and enforces
+its byte cap by evicting at its own granularity (whole buckets for the bucket backend).
+
+What a backend offers (what :mod:`gdskv.store` uses), and the contract of each:
 
 - ``recover() -> RecoveryReport``: scan the directory once at open; rebuild the index from
   what is intact; drop (delete, count, log) what is torn or corrupt; never raise for a
-  corrupt object, raise :class:`FormatVersionError` for a newer format.
+  corrupt object, raise :class:`FormatVersionError` for a newer format. With
+  ``verify_on_open="full"`` every record is verified as ``check()`` verifies it.
 - ``write(items) -> list[bytes]``: make every ``(key, value, crc)`` durable and readable,
   evicting older objects if the cap requires; returns the keys evicted to make room. On an
   I/O error nothing of the batch becomes visible and :class:`IoError` is raised.
@@ -15,21 +18,34 @@ backend). Primitives and their contracts:
 - ``read_batch(items) -> list[int | None]``: fill each ``out`` with the value of ``key`` and
   return its size; ``None`` is a miss: absent, failed its checksum, or unreadable (the last
   two are counted, logged and the replica dropped, except after a failure that says nothing
-  of the replica: :data:`TRANSIENT_ERRNOS`, or any once the backend is closed; those are
-  only counted). Bytes are verified before a size is
-  returned, so a returned size always means correct bytes. The base class implements it
-  once (groups submitted as they are planned, each read verified as it completes);
-  backends provide ``_plan_reads`` (look up, pin, build requests), ``_unpin_reads`` and
-  ``_drop_read``.
+  of the replica, :func:`transient`, or any once the backend is closed; those are only
+  counted). Bytes are verified before a size is returned, so a returned size always means
+  correct bytes.
 - ``remove(key) -> bool``: forget the object durably (a reopen does not bring it back).
-- ``check() -> list[bytes]``: verify every object; drop and return the corrupt ones' keys.
-- ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``.
+- ``check() -> list[bytes]``: verify every object (:func:`verify`); drop, count in
+  ``corrupt_reads`` and return the corrupt ones' keys. An object removed, replaced or
+  evicted while it runs, or one that cannot be read for now, is not judged.
+- ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``
+  (idempotent; later calls raise :class:`StoreClosedError`).
 - ``evict_listener``: when set (by the store), called with the keys of objects about to be
   evicted for capacity, *before* their bytes are deleted (with the backend's lock held, so
   it must be quick and must not call the backend). Not called for ``remove`` or for
   objects dropped as corrupt.
 
 Backends are thread-safe: reads run concurrently with a write and with each other.
+
+Written once here: ``read_batch`` (groups submitted as they are planned, each read verified
+as it completes), ``check``, ``lookup``, ``keys``, ``stats``, and the one rule that judges a
+record read back (:func:`verify`, applied by :class:`RecordReader`). A backend provides
+these hooks, each called with its lock held:
+
+- ``_entry_of(key)``: the :class:`IndexEntry` of the key's current replica, or None.
+- ``_plan_reads(items, start, end, plan, pins)``: look up, pin and build the read requests
+  of ``items[start:end]``; ``_unpin_reads(pins)`` releases what it pinned.
+- ``_pin_record(entry) -> (pin, fd, path, record start)``: pin one record as a read does,
+  for ``check()``; raises ``OSError``, nothing pinned, when its file cannot be opened.
+- ``_drop_corrupt(entry, why)``: log and drop a replica that failed its read or check,
+  unless it is not current any more; never raises.
 """
 
 from __future__ import annotations
@@ -181,9 +197,6 @@ class StorageBackend:
     def write(self, items: Sequence[WriteItem]) -> List[bytes]:  # pragma: no cover
         raise NotImplementedError
 
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:  # pragma: no cover
-        raise NotImplementedError
-
     def read_batch(
         self, items: Sequence[ReadItem], on_verified: Optional[Callable[[int, int, int], None]] = None
     ) -> List[Optional[int]]:
@@ -199,7 +212,7 @@ class StorageBackend:
         device works on the first group while the next ones are planned. Then every read
         is verified as it completes (:meth:`_verify_reads`), the pins are released
         (:meth:`_unpin_reads`, never while a read is in flight) and the replicas that failed
-        are dropped (:meth:`_drop_read`). An ``out`` too small for its value raises
+        are dropped (:meth:`_drop_corrupt`). An ``out`` too small for its value raises
         :class:`InvalidValueError` before its group is submitted; groups already in flight
         are waited for, and nothing is returned.
         """
@@ -207,7 +220,7 @@ class StorageBackend:
         plan: List[Tuple[int, Any]] = []  # request j of the batch reads items[i] of entry: plan[j] = (i, entry)
         pins: List[Any] = []  # what request j pinned
         futures: List[Tuple[int, Any]] = []  # (index of the group's first request, its future)
-        bad: List[Tuple[int, Any, str]] = []
+        bad: List[Tuple[Any, str]] = []
         verified = False
         try:
             for start in range(0, len(items), READ_GROUP):
@@ -232,8 +245,8 @@ class StorageBackend:
         if bad:
             with self._lock:
                 if not self._closed:  # a read cut short by close() says nothing of the replica
-                    for j, entry, why in bad:
-                        self._drop_read(pins[j], entry, why)
+                    for entry, why in bad:
+                        self._drop_corrupt(entry, why)
         return results
 
     def _plan_reads(
@@ -249,16 +262,71 @@ class StorageBackend:
         """Release what :meth:`_plan_reads` pinned (lock held; no read in flight)."""
         raise NotImplementedError
 
-    def _drop_read(self, pin: Any, entry: Any, why: str) -> None:  # pragma: no cover
-        """Log and drop the replica whose read (``pin``, ``entry``) failed for ``why``
-        (lock held), unless it was replaced meanwhile. Never raises: a drop that cannot be
-        made (an I/O error) is logged, the read stays a miss, and a later read tries again."""
+    def _drop_corrupt(self, entry: Any, why: str) -> None:  # pragma: no cover
+        """Log and drop the replica ``entry``, whose read or check failed for ``why`` (lock
+        held), unless it is not the key's current one any more (removed, replaced or
+        evicted meanwhile). Never raises: a drop that cannot be made (an I/O error) is
+        logged, and a later read or check tries again."""
         raise NotImplementedError
 
     def remove(self, key: bytes) -> bool:  # pragma: no cover
         raise NotImplementedError
 
-    def check(self) -> List[bytes]:  # pragma: no cover
+    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
+        with self._lock:
+            entry = self._entry_of(key)
+            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+
+    def check(self) -> List[bytes]:
+        """Verify every object; drop and return the keys of the corrupt ones (each counted
+        in ``corrupt_reads``).
+
+        The index is snapshotted under the lock; then, one record at a time, an entry that
+        is still its key's current one is pinned as a read pins it (:meth:`_pin_record`),
+        read through the engine and verified without the lock (:class:`RecordReader`), and
+        unpinned; if it failed and is still current, it is dropped (:meth:`_drop_corrupt`)
+        and counted, in the same hold of the lock. An entry removed, replaced or evicted
+        meanwhile is not judged, nor is one that cannot be read for now
+        (:func:`transient`). Raises :class:`StoreClosedError` once the backend is closed."""
+        with self._lock:
+            self._check_open()
+            snapshot = [self._entry_of(key) for key in self._objects]
+        corrupt: List[bytes] = []
+        with RecordReader(self.engine) as reader:
+            for entry in snapshot:
+                pinned: List[Any] = []
+                with self._lock:
+                    self._check_open()
+                    if self._entry_of(entry.key) is not entry:
+                        continue
+                    try:
+                        pin, fd, path, start = self._pin_record(entry)
+                        pinned.append(pin)
+                        why: Optional[str] = None
+                    except OSError as exc:
+                        why = None if transient(exc) else f"cannot open its file: {exc}"
+                try:
+                    if pinned:
+                        why = reader.verify(fd, path, start, entry)
+                finally:
+                    with self._lock:
+                        self._unpin_reads(pinned)
+                        if why is not None and not self._closed and self._entry_of(entry.key) is entry:
+                            self.counters["corrupt_reads"] += 1
+                            self._drop_corrupt(entry, why)
+                            corrupt.append(entry.key)
+        return corrupt
+
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:  # pragma: no cover
+        """The index entry of ``key``'s current replica, or None (lock held)."""
+        raise NotImplementedError
+
+    def _pin_record(self, entry: IndexEntry) -> Tuple[Any, int, str, int]:  # pragma: no cover
+        """Pin the current replica ``entry`` as :meth:`_plan_reads` pins one, so that its
+        bytes stay where they are while ``check()`` reads them (lock held). Returns the pin
+        (for :meth:`_unpin_reads`), the descriptor to read it from, its path (for messages)
+        and the offset where its record starts. Raises ``OSError``, nothing pinned, when its
+        file cannot be opened."""
         raise NotImplementedError
 
     #: Subdirectory of the store directory that holds this backend's files.
@@ -296,7 +364,7 @@ class StorageBackend:
         plan: Sequence[Tuple[int, Any]],
         first: int,
         results: List[Optional[int]],
-        bad: List[Tuple[int, Any, str]],
+        bad: List[Tuple[Any, str]],
         on_verified: Optional[Callable[[int, int, int], None]] = None,
     ) -> None:
         """Verify each read of ``future`` as soon as it completes, while the rest are in flight.
@@ -306,7 +374,7 @@ class StorageBackend:
         ``crc``). A read is good when the engine moved exactly ``value_len`` bytes and
         CRC32C(key + bytes) matches: its size goes into ``results``. The failed ones are
         counted and, unless the failure says nothing of the replica (:data:`TRANSIENT_ERRNOS`,
-        or an ``out`` the engine could not use), appended to ``bad`` as ``(j, entry, why)``.
+        or an ``out`` the engine could not use), appended to ``bad`` as ``(entry, why)``.
         """
         for k, outcome in future.as_completed():
             j = first + k
@@ -316,10 +384,10 @@ class StorageBackend:
             if isinstance(outcome, BaseException):
                 self.counters["read_errors"] += 1
                 if not transient(outcome):
-                    bad.append((j, entry, f"read failed: {outcome}"))
+                    bad.append((entry, f"read failed: {outcome}"))
             elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1
-                bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
+                bad.append((entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
             else:
                 results[i] = size
                 if on_verified is not None:

@@ -43,7 +43,7 @@ from gdskv.errors import (
 )
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem, transient
+from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem, transient
 from gdskv.tiers.backends.coalesce import coalesced_writes
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
@@ -51,9 +51,9 @@ from gdskv.tiers.backends.record import (
     IndexEntry,
     decode_index,
     encode_index,
-    head_size,
     record_buffers,
     record_size,
+    record_start,
 )
 
 log = logging.getLogger(__name__)
@@ -212,26 +212,29 @@ class BucketBackend(StorageBackend):
         return bucket
 
     def _verify_bucket(self, bucket: _Bucket) -> int:
-        """Read and verify every record of ``bucket``; drop the bad entries. Returns their count."""
-        with RecordReader(self.engine) as reader:
-            bad = [key for key, entry in bucket.entries.items() if self._verify_record(reader, bucket, entry) is not None]
-        for key in bad:
-            del bucket.entries[key]
-        return len(bad)
-
-    def _verify_record(self, reader: RecordReader, bucket: _Bucket, entry: IndexEntry) -> Optional[str]:
-        """Why the record of ``entry`` is corrupt, or None (see :meth:`RecordReader.verify`)."""
+        """Read and verify every record of ``bucket`` (as ``check()`` does); drop the bad
+        entries. Returns their count. A data file that cannot be opened for now drops none."""
         try:
             fd = self.engine.open_file(bucket.data_path, os.O_RDONLY)
         except OSError as exc:
-            return None if transient(exc) else f"cannot open {bucket.path}: {exc}"
-        try:
-            why = reader.verify(fd, bucket.path, entry.value_offset - head_size(len(entry.key)), entry)
-        finally:
-            os.close(fd)
-        if why is not None:
-            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
-        return why
+            if transient(exc):
+                return 0
+            log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
+            bad = list(bucket.entries)
+        else:
+            bad = []
+            try:
+                with RecordReader(self.engine) as reader:
+                    for key, entry in bucket.entries.items():
+                        why = reader.verify(fd, bucket.path, record_start(entry), entry)
+                        if why is not None:
+                            log.warning("gdskv: corrupt object %r: %s", key[:64], why)
+                            bad.append(key)
+            finally:
+                os.close(fd)
+        for key in bad:
+            del bucket.entries[key]
+        return len(bad)
 
     # ------------------------------------------------------------------ writes
 
@@ -433,13 +436,9 @@ class BucketBackend(StorageBackend):
 
     # ------------------------------------------------------------------ reads
 
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
-        with self._lock:
-            bucket = self._objects.get(key)
-            if bucket is None:
-                return None
-            entry = bucket.entries[key]
-            return ObjectInfo(entry.value_len, entry.crc)
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:
+        bucket = self._objects.get(key)
+        return None if bucket is None else bucket.entries[key]
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[_Bucket]
@@ -478,18 +477,27 @@ class BucketBackend(StorageBackend):
             if (bucket.evicted or self._closed) and bucket.readers == 0:
                 bucket.close_fd()
 
-    def _drop_read(self, bucket: _Bucket, entry: IndexEntry, why: str) -> None:
+    def _pin_record(self, entry: IndexEntry) -> Tuple[_Bucket, int, str, int]:
+        """Pin the bucket of ``entry`` (opening its data file) as a read does (lock held)."""
+        bucket = self._objects[entry.key]
+        fd = bucket.fd if bucket.fd is not None else bucket.open_fd(self.engine)
+        bucket.readers += 1
+        return bucket, fd, bucket.path, record_start(entry)
+
+    def _drop_corrupt(self, entry: IndexEntry, why: str) -> None:
+        bucket = self._objects.get(entry.key)
+        if bucket is None or bucket.entries.get(entry.key) is not entry:
+            return  # removed, overwritten or evicted meanwhile (its file may be gone)
         log.warning(
             "gdskv: dropping replica of %r in %s at offset %d: %s",
             entry.key[:64], bucket.data_path.name, entry.value_offset, why,
         )
-        if bucket.entries.get(entry.key) is entry:
-            try:
-                self._forget(bucket, entry.key)
-            except IoError as exc:
-                # The read is a miss all the same. The record stays listed, and the next
-                # read of it fails its check again and tries again.
-                log.warning("gdskv: could not drop the replica of %r: %s", entry.key[:64], exc)
+        try:
+            self._forget(bucket, entry.key)
+        except IoError as exc:
+            # A miss all the same. The record stays listed, and the next read or check of
+            # it fails again and tries again.
+            log.warning("gdskv: could not drop the replica of %r: %s", entry.key[:64], exc)
 
     # ------------------------------------------------------------------ the rest
 
@@ -502,22 +510,6 @@ class BucketBackend(StorageBackend):
                 return False
             self._forget(bucket, key)
             return True
-
-    def check(self) -> List[bytes]:
-        """Verify every record (header, key, value checksum); drop and return corrupt keys."""
-        with self._lock:
-            snapshot = [(b, e) for b in self._buckets.values() for e in b.entries.values()]
-        with RecordReader(self.engine) as reader:
-            failed = [(b, e) for b, e in snapshot if self._verify_record(reader, b, e) is not None]
-        corrupt: List[bytes] = []
-        with self._lock:
-            for bucket, entry in failed:
-                # Removed, overwritten or evicted meanwhile (its file may be gone): not corrupt.
-                if bucket.entries.get(entry.key) is entry:
-                    corrupt.append(entry.key)
-                    self._forget(bucket, entry.key)
-            self.counters["corrupt_reads"] += len(corrupt)
-        return corrupt
 
     @property
     def used_bytes(self) -> int:

@@ -65,7 +65,7 @@ from gdskv.config import FILE_PER_KEY_SYNC_MODES, check_choice
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem, transient
+from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, syncfs, syncfs_available, unlink_quietly
 from gdskv.tiers.backends.open_files import Handle, OpenFiles, default_limit
 from gdskv.tiers.backends.record import (
@@ -754,10 +754,8 @@ class FilePerKeyBackend(StorageBackend):
 
     # ------------------------------------------------------------------ reads
 
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
-        with self._lock:
-            entry = self._objects.get(key)
-            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:
+        return self._objects.get(key)
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[Handle]
@@ -782,23 +780,36 @@ class FilePerKeyBackend(StorageBackend):
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
             handle = pin(key, entry.seq)
             if handle is None:
-                path = self.path_str(key)
                 try:
-                    fd = self._open_file(path, os.O_RDONLY, lock_held=True)
+                    handle = self._pin_file(entry)
                 except OSError as exc:
                     self.counters["read_errors"] += 1
                     if exc.errno == errno.ENOENT:
-                        log.warning("gdskv: dropping replica of %r: its file %s is gone", key[:64], path)
+                        log.warning("gdskv: dropping replica of %r: its file %s is gone", key[:64], exc.filename)
                         self._forget(entry)
                     else:
-                        log.warning("gdskv: cannot open %s (keeping the replica): %s", path, exc)
+                        log.warning("gdskv: cannot open %s (keeping the replica): %s", exc.filename, exc)
                     continue
-                handle = self._open.add(key, fd, entry.seq, path, pinned=True)
             touch(key)
             plan.append((i, entry))
             pins.append(handle)
             requests.append(IoRequest(_READ, handle.fd, entry.value_offset, (out if out.nbytes == size else out[:size],), handle.path, handle.direct))
         return requests
+
+    def _pin_file(self, entry: IndexEntry) -> Handle:
+        """The descriptor of the file of ``entry``, cached or opened for it, pinned until
+        :meth:`_unpin_reads` (lock held: an eviction cannot unlink the file between lookup
+        and open). Raises OSError (with the path) when it cannot be opened."""
+        handle = self._open.pin(entry.key, entry.seq)
+        if handle is None:
+            path = self.path_str(entry.key)
+            fd = self._open_file(path, os.O_RDONLY, lock_held=True)
+            handle = self._open.add(entry.key, fd, entry.seq, path, pinned=True)
+        return handle
+
+    def _pin_record(self, entry: IndexEntry) -> Tuple[Handle, int, str, int]:
+        handle = self._pin_file(entry)
+        return handle, handle.fd, handle.path, 0
 
     def _unpin_reads(self, pins: List[Handle]) -> None:
         unpin = self._open.unpin
@@ -867,9 +878,9 @@ class FilePerKeyBackend(StorageBackend):
             log.info("gdskv: out of file descriptors; closed %d cached ones of %s", closed, self.dir)
         return call(*args)
 
-    def _drop_read(self, pin: Handle, entry: IndexEntry, why: str) -> None:
-        """The read of ``entry`` (planned under the lock, so through its own file) failed
-        for ``why``: drop it, unless a write replaced it meanwhile. Lock held."""
+    def _drop_corrupt(self, entry: IndexEntry, why: str) -> None:
+        """The read or check of ``entry`` (through its own file: see :meth:`_pin_file`)
+        failed for ``why``: drop it, unless a write replaced it meanwhile. Lock held."""
         if self._objects.get(entry.key) is entry:
             log.warning("gdskv: dropping replica of %r in %s: %s", entry.key[:64], self.path_of(entry.key), why)
             self._forget(entry)
@@ -931,48 +942,6 @@ class FilePerKeyBackend(StorageBackend):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._pending_dirs.add(path.parent)
-
-    def check(self) -> List[bytes]:
-        """Verify every file (header, name, value checksum); drop and return corrupt keys.
-
-        The files are read outside the lock, so a write may replace one meanwhile; a failed
-        entry is dropped only if it is still current (then its path holds its file: a write
-        renames and indexes in one hold of the lock). A file that cannot be read for now
-        (:func:`~gdskv.tiers.backends.base.transient`: out of descriptors, ...) is not judged."""
-        with self._lock:
-            snapshot = list(self._objects.values())
-        failed = []
-        with RecordReader(self.engine) as reader:
-            for entry in snapshot:
-                why = self._verify_file(reader, entry)
-                if why is not None:
-                    failed.append((entry, why))
-        corrupt: List[bytes] = []
-        with self._lock:
-            for entry, why in failed:
-                if self._objects.get(entry.key) is not entry:
-                    continue  # removed, overwritten or evicted meanwhile: not corrupt
-                log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
-                self._forget(entry)
-                corrupt.append(entry.key)
-            self.counters["corrupt_reads"] += len(corrupt)
-        return corrupt
-
-    def _verify_file(self, reader: RecordReader, entry: IndexEntry) -> Optional[str]:
-        """Why the file of ``entry`` does not hold it, or None when it does (see
-        :meth:`RecordReader.verify`). Reads the file without the lock."""
-        path = self.path_str(entry.key)
-        try:
-            fd = self._open_file(path, os.O_RDONLY, lock_held=False)
-        except OSError as exc:
-            if transient(exc):
-                log.warning("gdskv: check() could not read %s for now: %s", path, exc)
-                return None
-            return str(exc)
-        try:
-            return reader.verify(fd, path, 0, entry)
-        finally:
-            os.close(fd)
 
     @property
     def used_bytes(self) -> int:

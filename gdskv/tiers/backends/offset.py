@@ -70,7 +70,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.checkpoints import (
     BASE_FILE,
     base_is_due,
@@ -86,7 +86,6 @@ from gdskv.tiers.backends.files import fsync_dir, unlink_quietly, write_file_ato
 from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
-    RECORD_HEADER,
     HeadBlocks,
     IndexEntry,
     checksum,
@@ -95,6 +94,7 @@ from gdskv.tiers.backends.record import (
     head_size,
     record_buffers,
     record_size,
+    record_start,
 )
 from gdskv.tiers.backends.window import default_window, in_window, merge_extents, pick_window, scan_window
 
@@ -242,7 +242,7 @@ class OffsetBackend(StorageBackend):
         one that lies beyond the file or on another's space, or, with ``verify_on_open``
         "full", fails verification."""
         for entry in sorted(entries.values(), key=lambda e: e.seq):
-            start = _record_start(entry)
+            start = record_start(entry)
             try:
                 if start + record_size(len(entry.key), entry.value_len) > self.capacity:
                     raise CorruptionError("record beyond the file's capacity", offset=start)
@@ -351,7 +351,7 @@ class OffsetBackend(StorageBackend):
     def _verify_record(self, reader: RecordReader, entry: IndexEntry) -> bool:
         """Whether the record of ``entry`` is intact (see :meth:`RecordReader.verify`)."""
         assert self._fd is not None
-        why = reader.verify(self._fd, self._path, _record_start(entry), entry)
+        why = reader.verify(self._fd, self._path, record_start(entry), entry)
         if why is not None:
             log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
         return why is None
@@ -499,7 +499,7 @@ class OffsetBackend(StorageBackend):
         for key in self._policy.ordered():
             if need <= 0:
                 break
-            offset = _record_start(objects[key])
+            offset = record_start(objects[key])
             if not pins or not pins.get(offset):
                 victims.append(key)
                 need -= size_of(offset)
@@ -521,7 +521,7 @@ class OffsetBackend(StorageBackend):
             changed[key] = None
             dropped[key] = next(drops)
             forget(key)
-            offset = _record_start(entry)
+            offset = record_start(entry)
             if pins and pins.get(offset):
                 self._deferred.append(offset)
             else:
@@ -567,7 +567,7 @@ class OffsetBackend(StorageBackend):
                 for entry in entries:
                     older = self._objects.get(entry.key)
                     if older is not None:
-                        self._deferred.append(_record_start(older))
+                        self._deferred.append(record_start(older))
                         self._policy.remove(entry.key)
                     self._objects[entry.key] = entry
                     self._changed[entry.key] = entry
@@ -603,7 +603,7 @@ class OffsetBackend(StorageBackend):
                     self._changed[key] = None
                     self._dropped[key] = next(self._drops)
                     self._policy.remove(key)
-                    self._deferred.append(_record_start(entry))
+                    self._deferred.append(record_start(entry))
             if entry is None:
                 self._checkpoint([])
                 return True
@@ -636,10 +636,8 @@ class OffsetBackend(StorageBackend):
 
     # ------------------------------------------------------------------ reads
 
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
-        with self._lock:
-            entry = self._objects.get(key)
-            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:
+        return self._objects.get(key)
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[int]
@@ -659,7 +657,7 @@ class OffsetBackend(StorageBackend):
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            record = _record_start(entry)
+            record = record_start(entry)
             counts[record] = counts.get(record, 0) + 1
             touch(key)
             plan.append((i, entry))
@@ -678,44 +676,23 @@ class OffsetBackend(StorageBackend):
         if self._closed and not counts:
             self._close_fd()  # closed while these reads were in flight
 
-    def _drop_read(self, record: int, entry: IndexEntry, why: str) -> None:
-        log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
-        self._drop(entry)
+    def _pin_record(self, entry: IndexEntry) -> Tuple[int, int, str, int]:
+        """Pin the record of ``entry`` as a read does (lock held)."""
+        record = record_start(entry)
+        self._pins[record] = self._pins.get(record, 0) + 1
+        return record, self._fd, self._path, record  # type: ignore[return-value]
 
-    def _drop(self, entry: IndexEntry) -> None:
-        """Forget a replica that failed verification. ``_lock`` held."""
-        if self._objects.get(entry.key) is entry:
-            del self._objects[entry.key]
-            self._changed[entry.key] = None
-            self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
-            self._policy.remove(entry.key)
-            self._deferred.append(_record_start(entry))
+    def _drop_corrupt(self, entry: IndexEntry, why: str) -> None:
+        if self._objects.get(entry.key) is not entry:
+            return  # removed, overwritten or evicted meanwhile
+        log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
+        del self._objects[entry.key]
+        self._changed[entry.key] = None
+        self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
+        self._policy.remove(entry.key)
+        self._deferred.append(record_start(entry))
 
     # ------------------------------------------------------------------ the rest
-
-    def check(self) -> List[bytes]:
-        """Verify every record (header, key, value checksum); drop and return corrupt keys.
-
-        Each record is pinned while it is read, as a read pins it, so that a concurrent
-        write cannot reuse its space meanwhile; an entry replaced meanwhile is not judged."""
-        with self._lock:
-            self._check_open()
-            snapshot = list(self._objects.values())
-            pins = [_record_start(e) for e in snapshot]
-            for record in pins:
-                self._pins[record] = self._pins.get(record, 0) + 1
-        try:
-            with RecordReader(self.engine) as reader:
-                corrupt = [e for e in snapshot if not self._verify_record(reader, e)]
-        finally:
-            with self._lock:
-                self._unpin_reads(pins)
-        with self._lock:
-            corrupt = [e for e in corrupt if self._objects.get(e.key) is e]
-            for entry in corrupt:
-                self._drop(entry)
-        self.counters["corrupt_reads"] += len(corrupt)
-        return [e.key for e in corrupt]
 
     @property
     def used_bytes(self) -> int:
@@ -749,8 +726,3 @@ class OffsetBackend(StorageBackend):
             os.close(self._fd)
             self._fd = None
 
-
-def _record_start(entry: IndexEntry) -> int:
-    """Where the record of ``entry`` starts: its value's offset less the header block
-    (:func:`record.head_size`, computed inline: this runs per object evicted)."""
-    return entry.value_offset - (RECORD_HEADER.size + len(entry.key) + ALIGN - 1) // ALIGN * ALIGN

@@ -10,10 +10,9 @@ import struct
 
 import pytest
 
-from backend_io import items, read
-from conftest import MATRIX_ENGINES, block, uring_unavailable
-from gdskv.config import BACKENDS
-from gdskv.errors import CorruptionError, IoError
+from backend_io import every_backend, items, read, value_location  # noqa: F401 - every_backend: a fixture
+from conftest import block
+from gdskv.errors import CorruptionError, IoError, StoreClosedError
 from gdskv.gds import make_engine
 from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.base import verify
@@ -64,26 +63,9 @@ def test_a_record_of_a_newer_format_than_its_index_is_corrupt():
     assert info.value.context["got"] == FORMAT_VERSION + 1
 
 
-@pytest.fixture(params=[(b, e) for b in BACKENDS for e in MATRIX_ENGINES], ids=lambda p: f"{p[0]}-{p[1]}")
-def backend(request, tmp_path):
-    name, engine_name = request.param
-    if engine_name == "uring" and uring_unavailable():
-        pytest.skip(uring_unavailable())
-    engine = make_engine(engine_name, direct=True)
-    be = make_backend(name, tmp_path, engine, capacity=64 << 20)
-    be.recover()
-    yield be
-    be.close()
-    engine.close()
-
-
-def value_location(be, key: bytes):
-    if be.name == "bucket":
-        bucket = be._objects[key]
-        return str(bucket.data_path), bucket.entries[key].value_offset
-    if be.name == "offset":
-        return str(be.data_path), be._objects[key].value_offset
-    return str(be.path_of(key)), be._objects[key].value_offset
+@pytest.fixture
+def backend(every_backend):
+    return every_backend
 
 
 def flip(path: str, offset: int) -> None:
@@ -129,6 +111,13 @@ def test_check_judges_a_record_that_cannot_be_read_at_all(backend, monkeypatch):
     backend.write(items({b"k0": STORED[b"k0"]}))
     monkeypatch.setattr(backend.engine, "submit", lambda requests: (_ for _ in ()).throw(IoError("read failed", errno=errno.EIO)))
     assert backend.check() == [b"k0"] and len(backend) == 0
+
+
+def test_check_after_close_is_a_store_closed_error(backend):
+    backend.write(items({b"k0": STORED[b"k0"]}))
+    backend.close()
+    with pytest.raises(StoreClosedError):
+        backend.check()
 
 
 def test_a_full_verification_at_open_drops_a_corrupt_record(backend, tmp_path):
