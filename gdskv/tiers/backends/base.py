@@ -35,7 +35,8 @@ What a backend offers (what :mod:`gdskv.store` uses), and the contract of each:
 Backends are thread-safe: reads run concurrently with a write and with each other.
 
 Written once here: ``read_batch`` (groups submitted as they are planned, each read verified
-as it completes), ``check``, ``lookup``, ``keys``, ``stats``, and the one rule that judges a
+as it completes), ``check``, ``lookup``, ``keys``, ``stats``, the choice of eviction victims,
+and the one rule that judges a
 record read back (:func:`verify`, applied by :class:`RecordReader`). A backend provides
 these hooks, each called with its lock held:
 
@@ -46,6 +47,9 @@ these hooks, each called with its lock held:
   for ``check()``; raises ``OSError``, nothing pinned, when its file cannot be opened.
 - ``_drop_corrupt(entry, why)``: log and drop a replica that failed its read or check,
   unless it is not current any more; never raises.
+- ``_victim_size(name)``: the bytes evicting the eviction policy's resident ``name`` (a
+  key, or a bucket id) frees, or None to pass over it; :meth:`StorageBackend._victims`
+  then picks the victims in policy order, and the backend evicts them its own way.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from crc32c import crc32c
 
-from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, StoreClosedError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
 from gdskv.gds.engine import IoRequest
 from gdskv.tiers.backends.record import RECORD_HEADER, IndexEntry, checksum, decode_head, head_size
@@ -316,6 +320,35 @@ class StorageBackend:
                             self._drop_corrupt(entry, why)
                             corrupt.append(entry.key)
         return corrupt
+
+    def _victims(self, need: int) -> List[Any]:
+        """The first residents in eviction-policy order whose eviction frees ``need`` bytes
+        (all of them, when together they cannot), passing over those whose eviction would
+        free nothing now (:meth:`_victim_size`). Lock held; nothing is changed."""
+        victims: List[Any] = []
+        size_of = self._victim_size
+        for name in self._policy.ordered():
+            if need <= 0:
+                break
+            size = size_of(name)
+            if size is not None:
+                victims.append(name)
+                need -= size
+        return victims
+
+    def _victims_to_fit(self, nbytes: int, used: int) -> List[Any]:
+        """The victims (:meth:`_victims`) whose eviction lets ``nbytes`` more fit under the
+        cap with ``used`` bytes taken; raises :class:`NoSpaceError`, nothing chosen, when
+        even all of them would not (the rest is reserved by writes in flight). Lock held."""
+        victims = self._victims(used + nbytes - self.capacity)
+        if used - sum(map(self._victim_size, victims)) + nbytes > self.capacity:
+            raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=used, capacity=self.capacity)
+        return victims
+
+    def _victim_size(self, name: Any) -> Optional[int]:  # pragma: no cover
+        """The bytes evicting the policy's resident ``name`` frees, or None when it would
+        free nothing now and is to be passed over (a read in flight holds it). Lock held."""
+        raise NotImplementedError
 
     def _entry_of(self, key: bytes) -> Optional[IndexEntry]:  # pragma: no cover
         """The index entry of ``key``'s current replica, or None (lock held)."""

@@ -315,19 +315,19 @@ class BucketBackend(StorageBackend):
         return evicted
 
     def _make_room(self, nbytes: int, reuse_as: Optional[Path] = None) -> Tuple[List[bytes], bool]:
-        """Evict whole buckets in policy order until ``nbytes`` more fit. Lock held.
+        """Evict whole buckets in policy order (:meth:`_victims_to_fit`) until ``nbytes`` more
+        fit; when even all of them would not make room (the rest is reserved by writes in
+        flight), raise NoSpaceError and evict nothing. Lock held.
 
         With ``reuse_as``, the data file of the first evicted bucket nobody is reading is
         renamed there instead of being deleted (see :func:`fit_reused_file`). Returns the evicted keys
         and whether a file was renamed to ``reuse_as``."""
         evicted: List[bytes] = []
         reused = False
-        if self._used + nbytes > self.capacity:
-            self._persist_stale_indexes()  # a victim may hold the newest copy of a key they list
-        while self._used + nbytes > self.capacity:
-            victim = self._policy.first_victim()
-            if victim is None:
-                raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
+        if self._used + nbytes <= self.capacity:
+            return evicted, reused
+        self._persist_stale_indexes()  # a victim may hold the newest copy of a key they list
+        for victim in self._victims_to_fit(nbytes, self._used):
             bucket = self._buckets[victim]
             if self.evict_listener is not None and bucket.entries:
                 self.evict_listener(list(bucket.entries))  # before the bytes go (two-phase eviction)
@@ -336,6 +336,10 @@ class BucketBackend(StorageBackend):
             self.counters["objects_evicted"] += len(bucket.entries)
             reused = self._drop_bucket(bucket, None if reused else reuse_as) or reused
         return evicted, reused
+
+    def _victim_size(self, bucket_id: int) -> int:
+        """A bucket being read is evicted all the same: its readers keep its descriptor."""
+        return self._buckets[bucket_id].data_len
 
     def _drop_bucket(self, bucket: _Bucket, reuse_as: Optional[Path] = None) -> bool:
         """Remove a bucket from the index and from disk. Lock held. With ``reuse_as`` and

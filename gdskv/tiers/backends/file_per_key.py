@@ -663,15 +663,7 @@ class FilePerKeyBackend(StorageBackend):
         gained a shard directory made here are added to ``changed_dirs``, which the write
         fsyncs before it returns. Returns the evicted keys and how many files were reused
         (the first of ``reuse_as``)."""
-        evicted: List[bytes] = []
-        freed = 0
-        for key in self._policy.ordered():
-            if self._used - freed + nbytes <= self.capacity:
-                break
-            evicted.append(key)
-            freed += record_size(len(key), self._objects[key].value_len)
-        if self._used - freed + nbytes > self.capacity:
-            raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
+        evicted: List[bytes] = self._victims_to_fit(nbytes, self._used)
         if not evicted:
             return evicted, 0
         if self.evict_listener is not None:
@@ -718,6 +710,10 @@ class FilePerKeyBackend(StorageBackend):
                 unlink_quietly(tmp)
             reused = 0
         return evicted, reused
+
+    def _victim_size(self, key: bytes) -> int:
+        """The bytes of ``key``'s record (one being read is evicted too: see :meth:`_make_room`)."""
+        return record_size(len(key), self._objects[key].value_len)
 
     def _delete_evicted_file(self, key: bytes, path: Path) -> None:
         """Delete the file of the evicted ``key``; one that cannot be deleted is listed in

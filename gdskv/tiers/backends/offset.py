@@ -490,20 +490,11 @@ class OffsetBackend(StorageBackend):
                 self._alloc.free(offset)
         return self._checkpoint(sizes)
 
-    def _victims(self, need: int) -> List[bytes]:
-        """The first objects in policy order whose eviction frees ``need`` bytes (or all of
-        them), passing over those a read in flight pins: evicting one would free nothing
-        until the read ends. ``_lock`` held."""
-        victims: List[bytes] = []
-        objects, pins, size_of = self._objects, self._pins, self._alloc.size_of  # (per object)
-        for key in self._policy.ordered():
-            if need <= 0:
-                break
-            offset = record_start(objects[key])
-            if not pins or not pins.get(offset):
-                victims.append(key)
-                need -= size_of(offset)
-        return victims
+    def _victim_size(self, key: bytes) -> Optional[int]:
+        """The bytes of ``key``'s record, or None while a read in flight pins it: evicting
+        it would free nothing until the read ends. ``_lock`` held."""
+        offset = record_start(self._objects[key])
+        return None if self._pins.get(offset) else self._alloc.size_of(offset)
 
     def _evict(self, keys: List[bytes], evicted: List[bytes]) -> None:
         """Drop ``keys`` to make room, and append them to ``evicted``. ``_lock`` held.

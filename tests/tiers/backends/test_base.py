@@ -131,3 +131,31 @@ def test_a_full_verification_at_open_drops_a_corrupt_record(backend, tmp_path):
     assert all(read(again, k, len(v)) == v for k, v in STORED.items() if k != b"k3")
     again.close()
     engine.close()
+
+
+@pytest.mark.parametrize("name", ["bucket", "file_per_key"])
+def test_a_write_that_no_eviction_can_make_room_for_evicts_nothing(tmp_path, direct_psync, name):
+    """With the rest of the cap reserved by writes in flight, a write fails with
+    NoSpaceError before it evicts anything: the victims are chosen first, in one place."""
+    from gdskv.errors import NoSpaceError
+    from gdskv.tiers.backends.record import record_size
+
+    capacity = 8 * record_size(2, 5000)
+    be = make_backend(name, tmp_path, direct_psync, capacity=capacity)
+    be.recover()
+    heard = []
+    be.evict_listener = heard.extend
+    be.write(items({b"k0": STORED[b"k0"]}))
+    be.write(items({b"k1": STORED[b"k1"]}))
+    reserved = capacity - 3 * record_size(2, 4000)  # k0 and k1 take one each: one is free
+    with be._lock:
+        be._used += reserved  # by writes in flight
+    with pytest.raises(NoSpaceError, match="in-flight writes"):
+        be.write(items({b"k2": block(9, 40_000)}))  # more than the free one and both victims
+    assert heard == [] and sorted(be.keys()) == [b"k0", b"k1"]
+    assert read(be, b"k0", len(STORED[b"k0"])) == STORED[b"k0"]
+    be.write(items({b"k2": block(9, 5000)}))  # this one fits once the oldest goes
+    assert heard == [b"k0"] and sorted(be.keys()) == [b"k1", b"k2"]
+    with be._lock:
+        be._used -= reserved
+    be.close()
