@@ -1,13 +1,16 @@
 """The storage backend protocol: how the NVMe tier lays objects out on disk.
 
-A backend decides *where* bytes go; an :class:`gdskv.gds.IoEngine` moves them. Every backend
-keeps its own key index, persists it so that a reopen finds every object that was durable,
-and enforces its byte cap by evicting at its own granularity (whole buckets for the bucket
-backend). Primitives and their contracts:
+A backend decides *where* bytes go; an :class:`gdskv.gds.IoEngine` (``backend.engine``)
+moves them: every read and write of a record goes through it. Every backend keeps its own
+key index, persists it so that a reopen finds every object that was durable, and enforces
+its byte cap by evicting at its own granularity (whole buckets for the bucket backend).
+
+What a backend offers (what :mod:`gdskv.store` uses), and the contract of each:
 
 - ``recover() -> RecoveryReport``: scan the directory once at open; rebuild the index from
   what is intact; drop (delete, count, log) what is torn or corrupt; never raise for a
-  corrupt object, raise :class:`FormatVersionError` for a newer format.
+  corrupt object, raise :class:`FormatVersionError` for a newer format. With
+  ``verify_on_open="full"`` every record is verified as ``check()`` verifies it.
 - ``write(items) -> list[bytes]``: make every ``(key, value, crc)`` durable and readable,
   evicting older objects if the cap requires; returns the keys evicted to make room. On an
   I/O error nothing of the batch becomes visible and :class:`IoError` is raised.
@@ -15,37 +18,57 @@ backend). Primitives and their contracts:
 - ``read_batch(items) -> list[int | None]``: fill each ``out`` with the value of ``key`` and
   return its size; ``None`` is a miss: absent, failed its checksum, or unreadable (the last
   two are counted, logged and the replica dropped, except after a failure that says nothing
-  of the replica: :data:`TRANSIENT_ERRNOS`, or any once the backend is closed; those are
-  only counted). Bytes are verified before a size is
-  returned, so a returned size always means correct bytes. The base class implements it
-  once (groups submitted as they are planned, each read verified as it completes);
-  backends provide ``_plan_reads`` (look up, pin, build requests), ``_unpin_reads`` and
-  ``_drop_read``.
+  of the replica, :func:`transient`, or any once the backend is closed; those are only
+  counted). Bytes are verified before a size is returned, so a returned size always means
+  correct bytes.
 - ``remove(key) -> bool``: forget the object durably (a reopen does not bring it back).
-- ``check() -> list[bytes]``: verify every object; drop and return the corrupt ones' keys.
-- ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``.
+- ``check() -> list[bytes]``: verify every object (:func:`verify`); drop, count in
+  ``corrupt_reads`` and return the corrupt ones' keys. An object removed, replaced or
+  evicted while it runs, or one that cannot be read for now, is not judged.
+- ``keys()``, ``__len__``, ``used_bytes``, ``capacity``, ``stats()``, ``close()``
+  (idempotent; later calls raise :class:`StoreClosedError`).
 - ``evict_listener``: when set (by the store), called with the keys of objects about to be
   evicted for capacity, *before* their bytes are deleted (with the backend's lock held, so
   it must be quick and must not call the backend). Not called for ``remove`` or for
   objects dropped as corrupt.
 
 Backends are thread-safe: reads run concurrently with a write and with each other.
+
+Written once here: ``read_batch`` (groups submitted as they are planned, each read verified
+as it completes), ``check``, ``lookup``, ``keys``, ``stats``, the choice of eviction victims,
+and the one rule that judges a
+record read back (:func:`verify`, applied by :class:`RecordReader`). A backend provides
+these hooks, each called with its lock held:
+
+- ``_entry_of(key)``: the :class:`IndexEntry` of the key's current replica, or None.
+- ``_plan_reads(items, start, end, plan, pins)``: look up, pin and build the read requests
+  of ``items[start:end]``; ``_unpin_reads(pins)`` releases what it pinned.
+- ``_pin_record(entry) -> (pin, fd, path, record start)``: pin one record as a read does,
+  for ``check()``; raises ``OSError``, nothing pinned, when its file cannot be opened.
+- ``_drop_corrupt(entry, why)``: log and drop a replica that failed its read or check,
+  unless it is not current any more; never raises.
+- ``_victim_size(name)``: the bytes evicting the eviction policy's resident ``name`` (a
+  key, or a bucket id) frees, or None to pass over it; :meth:`StorageBackend._victims`
+  then picks the victims in policy order, and the backend evicts them its own way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from crc32c import crc32c
 
-from gdskv.errors import InvalidValueError, StoreClosedError
+from gdskv.errors import CorruptionError, FormatVersionError, GdskvError, InvalidValueError, NoSpaceError, StoreClosedError
+from gdskv.gds.aligned import AlignedBuffer, alloc_aligned
+from gdskv.gds.engine import IoRequest
+from gdskv.tiers.backends.record import RECORD_HEADER, IndexEntry, checksum, decode_head, head_size
 
-if TYPE_CHECKING:
-    from gdskv.gds.engine import IoRequest
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +103,91 @@ WriteItem = Tuple[bytes, memoryview, int]  # key, value view, crc32c(key + value
 ReadItem = Tuple[bytes, memoryview]  # key, destination view (at least the value's size)
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether the read failure ``exc`` says nothing of the replica: an errno of
+    :data:`TRANSIENT_ERRNOS` (an ``OSError``'s, or an ``IoError``'s ``errno`` context), or
+    an ``out`` buffer the engine could not use (the caller's fault)."""
+    if isinstance(exc, InvalidValueError):
+        return True
+    code = getattr(exc, "context", {}).get("errno", getattr(exc, "errno", None))
+    return code in TRANSIENT_ERRNOS
+
+
+def verify(head: "bytes | bytearray | memoryview", value: memoryview, entry: IndexEntry, *, path: str = "", offset: int = 0) -> None:
+    """Check a record read back against the index ``entry`` that lists it; pure (reads
+    nothing, changes nothing). Returns None when the record is the one ``entry`` describes,
+    else raises :class:`CorruptionError` naming the first thing that disagrees, with
+    ``path``, ``offset`` (where the record starts), and what was expected and got.
+
+    ``head``: the record's head block from its start (header and key at least); ``value``:
+    the bytes where ``entry`` says the value is. The one rule for every backend: the header
+    is intact (magic, header CRC32C, a format this gdskv reads: a record newer than the
+    index that lists it is corrupt too), holds the key, value length, sequence number and
+    CRC32C the index says, and CRC32C(key + value) is that CRC32C."""
+    try:
+        header = decode_head(head, path=path, offset=offset)
+    except FormatVersionError as exc:
+        raise CorruptionError("record of a newer format than its index", path=path, offset=offset, got=exc.context.get("got")) from exc
+    key = bytes(head[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
+    if key != entry.key:
+        raise CorruptionError("record holds another key than its index lists", path=path, offset=offset, expected=entry.key[:64], got=key[:64])
+    expected, got = (entry.value_len, entry.seq, entry.crc), (header.value_len, header.seq, header.crc)
+    if got != expected:
+        raise CorruptionError("record header disagrees with the index", path=path, offset=offset, expected=expected, got=got)
+    if value.nbytes != entry.value_len:
+        raise CorruptionError("record shorter than its index says", path=path, offset=offset, expected=entry.value_len, got=value.nbytes)
+    crc = checksum(key, value)
+    if crc != entry.crc:
+        raise CorruptionError("value checksum mismatch", path=path, offset=offset, expected=entry.crc, got=crc)
+
+
+class RecordReader:
+    """Reads whole records back through the I/O engine and :func:`verify` s them, into one
+    page-aligned buffer reused from record to record (grown when a record needs more):
+    for ``check()`` and a full verification at open. ``close()`` frees the buffer."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._buf: Optional[AlignedBuffer] = None
+
+    def verify(self, fd: int, path: str, start: int, entry: IndexEntry) -> Optional[str]:
+        """Why the record of ``entry`` at ``start`` of ``fd`` is not intact, or None when it
+        is, or when its read failed in a way that says nothing of it (:func:`transient`:
+        logged, not judged). Any other read failure (EIO, a short file) is a verdict."""
+        head_len = head_size(len(entry.key))
+        size = head_len + entry.value_len
+        if self._buf is None or self._buf.nbytes < size:
+            self.close()
+            self._buf = alloc_aligned(size, huge=False)
+        view = self._buf.view
+        head, value = view[:head_len], view[head_len:size]
+        try:
+            self.engine.run([IoRequest.read(fd, start, head, value, path=path)])
+            verify(head, value, entry, path=path, offset=start)
+        except CorruptionError as exc:
+            return str(exc)
+        except (OSError, GdskvError) as exc:
+            if transient(exc):
+                log.warning("gdskv: could not read %r in %s for now: %s", entry.key[:64], path, exc)
+                return None
+            return f"read failed: {exc}"
+        finally:
+            head.release()
+            value.release()
+        return None
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+
+    def __enter__(self) -> "RecordReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class StorageBackend:
     """Base class; see the module docstring for the contract of each primitive."""
 
@@ -91,9 +199,6 @@ class StorageBackend:
         raise NotImplementedError
 
     def write(self, items: Sequence[WriteItem]) -> List[bytes]:  # pragma: no cover
-        raise NotImplementedError
-
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:  # pragma: no cover
         raise NotImplementedError
 
     def read_batch(
@@ -111,7 +216,7 @@ class StorageBackend:
         device works on the first group while the next ones are planned. Then every read
         is verified as it completes (:meth:`_verify_reads`), the pins are released
         (:meth:`_unpin_reads`, never while a read is in flight) and the replicas that failed
-        are dropped (:meth:`_drop_read`). An ``out`` too small for its value raises
+        are dropped (:meth:`_drop_corrupt`). An ``out`` too small for its value raises
         :class:`InvalidValueError` before its group is submitted; groups already in flight
         are waited for, and nothing is returned.
         """
@@ -119,7 +224,7 @@ class StorageBackend:
         plan: List[Tuple[int, Any]] = []  # request j of the batch reads items[i] of entry: plan[j] = (i, entry)
         pins: List[Any] = []  # what request j pinned
         futures: List[Tuple[int, Any]] = []  # (index of the group's first request, its future)
-        bad: List[Tuple[int, Any, str]] = []
+        bad: List[Tuple[Any, str]] = []
         verified = False
         try:
             for start in range(0, len(items), READ_GROUP):
@@ -144,13 +249,13 @@ class StorageBackend:
         if bad:
             with self._lock:
                 if not self._closed:  # a read cut short by close() says nothing of the replica
-                    for j, entry, why in bad:
-                        self._drop_read(pins[j], entry, why)
+                    for entry, why in bad:
+                        self._drop_corrupt(entry, why)
         return results
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, Any]], pins: List[Any]
-    ) -> "List[IoRequest]":  # pragma: no cover
+    ) -> List[IoRequest]:  # pragma: no cover
         """The requests that read ``items[start:end]`` (lock held). For each item stored,
         append ``(item index, index entry)`` to ``plan``, what it pinned to ``pins``, and
         return its request; raise :class:`InvalidValueError` (before pinning it) for an
@@ -161,16 +266,100 @@ class StorageBackend:
         """Release what :meth:`_plan_reads` pinned (lock held; no read in flight)."""
         raise NotImplementedError
 
-    def _drop_read(self, pin: Any, entry: Any, why: str) -> None:  # pragma: no cover
-        """Log and drop the replica whose read (``pin``, ``entry``) failed for ``why``
-        (lock held), unless it was replaced meanwhile. Never raises: a drop that cannot be
-        made (an I/O error) is logged, the read stays a miss, and a later read tries again."""
+    def _drop_corrupt(self, entry: Any, why: str) -> None:  # pragma: no cover
+        """Log and drop the replica ``entry``, whose read or check failed for ``why`` (lock
+        held), unless it is not the key's current one any more (removed, replaced or
+        evicted meanwhile). Never raises: a drop that cannot be made (an I/O error) is
+        logged, and a later read or check tries again."""
         raise NotImplementedError
 
     def remove(self, key: bytes) -> bool:  # pragma: no cover
         raise NotImplementedError
 
-    def check(self) -> List[bytes]:  # pragma: no cover
+    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
+        with self._lock:
+            entry = self._entry_of(key)
+            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+
+    def check(self) -> List[bytes]:
+        """Verify every object; drop and return the keys of the corrupt ones (each counted
+        in ``corrupt_reads``).
+
+        The index is snapshotted under the lock; then, one record at a time, an entry that
+        is still its key's current one is pinned as a read pins it (:meth:`_pin_record`),
+        read through the engine and verified without the lock (:class:`RecordReader`), and
+        unpinned; if it failed and is still current, it is dropped (:meth:`_drop_corrupt`)
+        and counted, in the same hold of the lock. An entry removed, replaced or evicted
+        meanwhile is not judged, nor is one that cannot be read for now
+        (:func:`transient`). Raises :class:`StoreClosedError` once the backend is closed."""
+        with self._lock:
+            self._check_open()
+            snapshot = [self._entry_of(key) for key in self._objects]
+        corrupt: List[bytes] = []
+        with RecordReader(self.engine) as reader:
+            for entry in snapshot:
+                pinned: List[Any] = []
+                with self._lock:
+                    self._check_open()
+                    if self._entry_of(entry.key) is not entry:
+                        continue
+                    try:
+                        pin, fd, path, start = self._pin_record(entry)
+                        pinned.append(pin)
+                        why: Optional[str] = None
+                    except OSError as exc:
+                        why = None if transient(exc) else f"cannot open its file: {exc}"
+                try:
+                    if pinned:
+                        why = reader.verify(fd, path, start, entry)
+                finally:
+                    with self._lock:
+                        self._unpin_reads(pinned)
+                        if why is not None and not self._closed and self._entry_of(entry.key) is entry:
+                            self.counters["corrupt_reads"] += 1
+                            self._drop_corrupt(entry, why)
+                            corrupt.append(entry.key)
+        return corrupt
+
+    def _victims(self, need: int) -> List[Any]:
+        """The first residents in eviction-policy order whose eviction frees ``need`` bytes
+        (all of them, when together they cannot), passing over those whose eviction would
+        free nothing now (:meth:`_victim_size`). Lock held; nothing is changed."""
+        victims: List[Any] = []
+        size_of = self._victim_size
+        for name in self._policy.ordered():
+            if need <= 0:
+                break
+            size = size_of(name)
+            if size is not None:
+                victims.append(name)
+                need -= size
+        return victims
+
+    def _victims_to_fit(self, nbytes: int, used: int) -> List[Any]:
+        """The victims (:meth:`_victims`) whose eviction lets ``nbytes`` more fit under the
+        cap with ``used`` bytes taken; raises :class:`NoSpaceError`, nothing chosen, when
+        even all of them would not (the rest is reserved by writes in flight). Lock held."""
+        victims = self._victims(used + nbytes - self.capacity)
+        if used - sum(map(self._victim_size, victims)) + nbytes > self.capacity:
+            raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=used, capacity=self.capacity)
+        return victims
+
+    def _victim_size(self, name: Any) -> Optional[int]:  # pragma: no cover
+        """The bytes evicting the policy's resident ``name`` frees, or None when it would
+        free nothing now and is to be passed over (a read in flight holds it). Lock held."""
+        raise NotImplementedError
+
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:  # pragma: no cover
+        """The index entry of ``key``'s current replica, or None (lock held)."""
+        raise NotImplementedError
+
+    def _pin_record(self, entry: IndexEntry) -> Tuple[Any, int, str, int]:  # pragma: no cover
+        """Pin the current replica ``entry`` as :meth:`_plan_reads` pins one, so that its
+        bytes stay where they are while ``check()`` reads them (lock held). Returns the pin
+        (for :meth:`_unpin_reads`), the descriptor to read it from, its path (for messages)
+        and the offset where its record starts. Raises ``OSError``, nothing pinned, when its
+        file cannot be opened."""
         raise NotImplementedError
 
     #: Subdirectory of the store directory that holds this backend's files.
@@ -208,7 +397,7 @@ class StorageBackend:
         plan: Sequence[Tuple[int, Any]],
         first: int,
         results: List[Optional[int]],
-        bad: List[Tuple[int, Any, str]],
+        bad: List[Tuple[Any, str]],
         on_verified: Optional[Callable[[int, int, int], None]] = None,
     ) -> None:
         """Verify each read of ``future`` as soon as it completes, while the rest are in flight.
@@ -218,7 +407,7 @@ class StorageBackend:
         ``crc``). A read is good when the engine moved exactly ``value_len`` bytes and
         CRC32C(key + bytes) matches: its size goes into ``results``. The failed ones are
         counted and, unless the failure says nothing of the replica (:data:`TRANSIENT_ERRNOS`,
-        or an ``out`` the engine could not use), appended to ``bad`` as ``(j, entry, why)``.
+        or an ``out`` the engine could not use), appended to ``bad`` as ``(entry, why)``.
         """
         for k, outcome in future.as_completed():
             j = first + k
@@ -227,11 +416,11 @@ class StorageBackend:
             size = entry.value_len
             if isinstance(outcome, BaseException):
                 self.counters["read_errors"] += 1
-                if not isinstance(outcome, InvalidValueError) and getattr(outcome, "context", {}).get("errno") not in TRANSIENT_ERRNOS:
-                    bad.append((j, entry, f"read failed: {outcome}"))
+                if not transient(outcome):
+                    bad.append((entry, f"read failed: {outcome}"))
             elif outcome != size or crc32c(out if out.nbytes == size else out[:size], crc32c(key)) != entry.crc:
                 self.counters["corrupt_reads"] += 1
-                bad.append((j, entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
+                bad.append((entry, "value checksum mismatch" if outcome == size else f"read {outcome} of {size} bytes"))
             else:
                 results[i] = size
                 if on_verified is not None:

@@ -43,20 +43,17 @@ from gdskv.errors import (
 )
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem, transient
 from gdskv.tiers.backends.coalesce import coalesced_writes
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, fsync_dir, unlink_quietly, write_file_atomic, write_file_synced
 from gdskv.tiers.backends.record import (
-    RECORD_HEADER,
     HeadBlocks,
     IndexEntry,
-    checksum,
-    decode_head,
     decode_index,
     encode_index,
-    head_size,
     record_buffers,
     record_size,
+    record_start,
 )
 
 log = logging.getLogger(__name__)
@@ -215,30 +212,29 @@ class BucketBackend(StorageBackend):
         return bucket
 
     def _verify_bucket(self, bucket: _Bucket) -> int:
-        """Read and verify every record of ``bucket``; drop the bad entries. Returns their count."""
-        bad = [key for key in list(bucket.entries) if not self._verify_record(bucket, bucket.entries[key])]
+        """Read and verify every record of ``bucket`` (as ``check()`` does); drop the bad
+        entries. Returns their count. A data file that cannot be opened for now drops none."""
+        try:
+            fd = self.engine.open_file(bucket.data_path, os.O_RDONLY)
+        except OSError as exc:
+            if transient(exc):
+                return 0
+            log.warning("gdskv: cannot open %s: %s", bucket.data_path, exc)
+            bad = list(bucket.entries)
+        else:
+            bad = []
+            try:
+                with RecordReader(self.engine) as reader:
+                    for key, entry in bucket.entries.items():
+                        why = reader.verify(fd, bucket.path, record_start(entry), entry)
+                        if why is not None:
+                            log.warning("gdskv: corrupt object %r: %s", key[:64], why)
+                            bad.append(key)
+            finally:
+                os.close(fd)
         for key in bad:
             del bucket.entries[key]
         return len(bad)
-
-    def _verify_record(self, bucket: _Bucket, entry: IndexEntry) -> bool:
-        start = entry.value_offset - head_size(len(entry.key))
-        path = str(bucket.data_path)
-        try:
-            with open(bucket.data_path, "rb") as f:
-                f.seek(start)
-                head = f.read(head_size(len(entry.key)))
-                header = decode_head(head, path=path, offset=start)
-                key = head[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len]
-                if (key, header.value_len, header.crc, header.seq) != (entry.key, entry.value_len, entry.crc, entry.seq):
-                    raise CorruptionError("record header disagrees with index", path=path, offset=start)
-                value = f.read(entry.value_len)
-            if checksum(entry.key, value) != entry.crc:
-                raise CorruptionError("value checksum mismatch", path=path, offset=entry.value_offset)
-        except (CorruptionError, OSError) as exc:
-            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
-            return False
-        return True
 
     # ------------------------------------------------------------------ writes
 
@@ -319,19 +315,19 @@ class BucketBackend(StorageBackend):
         return evicted
 
     def _make_room(self, nbytes: int, reuse_as: Optional[Path] = None) -> Tuple[List[bytes], bool]:
-        """Evict whole buckets in policy order until ``nbytes`` more fit. Lock held.
+        """Evict whole buckets in policy order (:meth:`_victims_to_fit`) until ``nbytes`` more
+        fit; when even all of them would not make room (the rest is reserved by writes in
+        flight), raise NoSpaceError and evict nothing. Lock held.
 
         With ``reuse_as``, the data file of the first evicted bucket nobody is reading is
         renamed there instead of being deleted (see :func:`fit_reused_file`). Returns the evicted keys
         and whether a file was renamed to ``reuse_as``."""
         evicted: List[bytes] = []
         reused = False
-        if self._used + nbytes > self.capacity:
-            self._persist_stale_indexes()  # a victim may hold the newest copy of a key they list
-        while self._used + nbytes > self.capacity:
-            victim = self._policy.first_victim()
-            if victim is None:
-                raise NoSpaceError("NVMe tier full of in-flight writes", needed=nbytes, used=self._used, capacity=self.capacity)
+        if self._used + nbytes <= self.capacity:
+            return evicted, reused
+        self._persist_stale_indexes()  # a victim may hold the newest copy of a key they list
+        for victim in self._victims_to_fit(nbytes, self._used):
             bucket = self._buckets[victim]
             if self.evict_listener is not None and bucket.entries:
                 self.evict_listener(list(bucket.entries))  # before the bytes go (two-phase eviction)
@@ -340,6 +336,10 @@ class BucketBackend(StorageBackend):
             self.counters["objects_evicted"] += len(bucket.entries)
             reused = self._drop_bucket(bucket, None if reused else reuse_as) or reused
         return evicted, reused
+
+    def _victim_size(self, bucket_id: int) -> int:
+        """A bucket being read is evicted all the same: its readers keep its descriptor."""
+        return self._buckets[bucket_id].data_len
 
     def _drop_bucket(self, bucket: _Bucket, reuse_as: Optional[Path] = None) -> bool:
         """Remove a bucket from the index and from disk. Lock held. With ``reuse_as`` and
@@ -440,13 +440,9 @@ class BucketBackend(StorageBackend):
 
     # ------------------------------------------------------------------ reads
 
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
-        with self._lock:
-            bucket = self._objects.get(key)
-            if bucket is None:
-                return None
-            entry = bucket.entries[key]
-            return ObjectInfo(entry.value_len, entry.crc)
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:
+        bucket = self._objects.get(key)
+        return None if bucket is None else bucket.entries[key]
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[_Bucket]
@@ -485,18 +481,27 @@ class BucketBackend(StorageBackend):
             if (bucket.evicted or self._closed) and bucket.readers == 0:
                 bucket.close_fd()
 
-    def _drop_read(self, bucket: _Bucket, entry: IndexEntry, why: str) -> None:
+    def _pin_record(self, entry: IndexEntry) -> Tuple[_Bucket, int, str, int]:
+        """Pin the bucket of ``entry`` (opening its data file) as a read does (lock held)."""
+        bucket = self._objects[entry.key]
+        fd = bucket.fd if bucket.fd is not None else bucket.open_fd(self.engine)
+        bucket.readers += 1
+        return bucket, fd, bucket.path, record_start(entry)
+
+    def _drop_corrupt(self, entry: IndexEntry, why: str) -> None:
+        bucket = self._objects.get(entry.key)
+        if bucket is None or bucket.entries.get(entry.key) is not entry:
+            return  # removed, overwritten or evicted meanwhile (its file may be gone)
         log.warning(
             "gdskv: dropping replica of %r in %s at offset %d: %s",
             entry.key[:64], bucket.data_path.name, entry.value_offset, why,
         )
-        if bucket.entries.get(entry.key) is entry:
-            try:
-                self._forget(bucket, entry.key)
-            except IoError as exc:
-                # The read is a miss all the same. The record stays listed, and the next
-                # read of it fails its check again and tries again.
-                log.warning("gdskv: could not drop the replica of %r: %s", entry.key[:64], exc)
+        try:
+            self._forget(bucket, entry.key)
+        except IoError as exc:
+            # A miss all the same. The record stays listed, and the next read or check of
+            # it fails again and tries again.
+            log.warning("gdskv: could not drop the replica of %r: %s", entry.key[:64], exc)
 
     # ------------------------------------------------------------------ the rest
 
@@ -509,21 +514,6 @@ class BucketBackend(StorageBackend):
                 return False
             self._forget(bucket, key)
             return True
-
-    def check(self) -> List[bytes]:
-        """Verify every record (header, key, value checksum); drop and return corrupt keys."""
-        with self._lock:
-            snapshot = [(b, e) for b in self._buckets.values() for e in b.entries.values()]
-        failed = [(b, e) for b, e in snapshot if not self._verify_record(b, e)]
-        corrupt: List[bytes] = []
-        with self._lock:
-            for bucket, entry in failed:
-                # Removed, overwritten or evicted meanwhile (its file may be gone): not corrupt.
-                if bucket.entries.get(entry.key) is entry:
-                    corrupt.append(entry.key)
-                    self._forget(bucket, entry.key)
-            self.counters["corrupt_reads"] += len(corrupt)
-        return corrupt
 
     @property
     def used_bytes(self) -> int:

@@ -46,7 +46,7 @@ def syncfs(fd: int) -> None:
     and renames, where an fdatasync per file and an fsync per directory flush the cache
     once each. Without a journal the kernel flushes before it has waited for the last
     metadata blocks it wrote: a caller that needs them durable then fsyncs a file or
-    directory of that filesystem (see ``FilePerKeyBackend._syncfs``). Raises OSError: a
+    directory of that filesystem (see :meth:`file_per_key.sync.Syncer.syncfs`). Raises OSError: a
     writeback error anywhere on the filesystem since ``fd``'s previous call (kernels >= 5.8
     report these), or OSError(ENOSYS) where it is not available."""
     if _SYNCFS is None:

@@ -70,7 +70,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
-from gdskv.tiers.backends.base import ObjectInfo, ReadItem, RecoveryReport, StorageBackend, WriteItem
+from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.checkpoints import (
     BASE_FILE,
     base_is_due,
@@ -86,16 +86,15 @@ from gdskv.tiers.backends.files import fsync_dir, unlink_quietly, write_file_ato
 from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
-    RECORD_HEADER,
     HeadBlocks,
     IndexEntry,
     checksum,
-    decode_head,
     decode_index,
     encode_head,
     head_size,
     record_buffers,
     record_size,
+    record_start,
 )
 from gdskv.tiers.backends.window import default_window, in_window, merge_extents, pick_window, scan_window
 
@@ -228,8 +227,22 @@ class OffsetBackend(StorageBackend):
                 entries.pop(entry.key, None)
             else:
                 entries[entry.key] = entry
+        with RecordReader(self.engine) as reader:
+            self._index_recovered(entries, reader, report)
+        report.objects = len(self._objects)
+        report.bytes = sum(e.value_len for e in self._objects.values())
+        report.containers = 1
+        with self._wlock:
+            self._changed.clear()
+            self._base_due = True  # what recovery found, in full; the deltas read go
+            self._checkpoint([])
+
+    def _index_recovered(self, entries: Dict[bytes, IndexEntry], reader: RecordReader, report: RecoveryReport) -> None:
+        """Claim the space of each recovered entry and index it, oldest first; drop (count)
+        one that lies beyond the file or on another's space, or, with ``verify_on_open``
+        "full", fails verification."""
         for entry in sorted(entries.values(), key=lambda e: e.seq):
-            start = _record_start(entry)
+            start = record_start(entry)
             try:
                 if start + record_size(len(entry.key), entry.value_len) > self.capacity:
                     raise CorruptionError("record beyond the file's capacity", offset=start)
@@ -238,19 +251,12 @@ class OffsetBackend(StorageBackend):
                 log.warning("gdskv: dropping %r from %s: %s", entry.key[:64], self.data_path, exc)
                 report.dropped_corrupt += 1
                 continue
-            if self.verify_on_open == "full" and not self._verify_record(entry):
+            if self.verify_on_open == "full" and not self._verify_record(reader, entry):
                 self._alloc.free(start)
                 report.dropped_corrupt += 1
                 continue
             self._objects[entry.key] = entry
             self._policy.insert(entry.key)
-        report.objects = len(self._objects)
-        report.bytes = sum(e.value_len for e in self._objects.values())
-        report.containers = 1
-        with self._wlock:
-            self._changed.clear()
-            self._base_due = True  # what recovery found, in full; the deltas read go
-            self._checkpoint([])
 
     def _open_data_file(self, *, empty: bool) -> None:
         """Open (or create) the data file and preallocate it to ``capacity``.
@@ -342,28 +348,13 @@ class OffsetBackend(StorageBackend):
         except OSError as exc:
             raise IoError(f"cannot delete an unusable checkpoint: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
 
-    def _read_at_strict(self, offset: int, buf: memoryview) -> None:
+    def _verify_record(self, reader: RecordReader, entry: IndexEntry) -> bool:
+        """Whether the record of ``entry`` is intact (see :meth:`RecordReader.verify`)."""
         assert self._fd is not None
-        self.engine.run([IoRequest.read(self._fd, offset, buf, path=str(self.data_path))])
-
-    def _verify_record(self, entry: IndexEntry) -> bool:
-        start = _record_start(entry)
-        size = record_size(len(entry.key), entry.value_len)
-        buf = bytearray(size)
-        path = str(self.data_path)
-        try:
-            self._read_at_strict(start, memoryview(buf))
-            header = decode_head(buf, path=path, offset=start)
-            key = bytes(buf[RECORD_HEADER.size : RECORD_HEADER.size + header.key_len])
-            if (key, header.value_len, header.crc, header.seq) != (entry.key, entry.value_len, entry.crc, entry.seq):
-                raise CorruptionError("record header disagrees with the index", path=path, offset=start)
-            value_at = entry.value_offset - start
-            if checksum(entry.key, memoryview(buf)[value_at : value_at + entry.value_len]) != entry.crc:
-                raise CorruptionError("value checksum mismatch", path=path, offset=entry.value_offset)
-        except (CorruptionError, IoError) as exc:
-            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], exc)
-            return False
-        return True
+        why = reader.verify(self._fd, self._path, record_start(entry), entry)
+        if why is not None:
+            log.warning("gdskv: corrupt object %r: %s", entry.key[:64], why)
+        return why is None
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -499,20 +490,11 @@ class OffsetBackend(StorageBackend):
                 self._alloc.free(offset)
         return self._checkpoint(sizes)
 
-    def _victims(self, need: int) -> List[bytes]:
-        """The first objects in policy order whose eviction frees ``need`` bytes (or all of
-        them), passing over those a read in flight pins: evicting one would free nothing
-        until the read ends. ``_lock`` held."""
-        victims: List[bytes] = []
-        objects, pins, size_of = self._objects, self._pins, self._alloc.size_of  # (per object)
-        for key in self._policy.ordered():
-            if need <= 0:
-                break
-            offset = _record_start(objects[key])
-            if not pins or not pins.get(offset):
-                victims.append(key)
-                need -= size_of(offset)
-        return victims
+    def _victim_size(self, key: bytes) -> Optional[int]:
+        """The bytes of ``key``'s record, or None while a read in flight pins it: evicting
+        it would free nothing until the read ends. ``_lock`` held."""
+        offset = record_start(self._objects[key])
+        return None if self._pins.get(offset) else self._alloc.size_of(offset)
 
     def _evict(self, keys: List[bytes], evicted: List[bytes]) -> None:
         """Drop ``keys`` to make room, and append them to ``evicted``. ``_lock`` held.
@@ -530,7 +512,7 @@ class OffsetBackend(StorageBackend):
             changed[key] = None
             dropped[key] = next(drops)
             forget(key)
-            offset = _record_start(entry)
+            offset = record_start(entry)
             if pins and pins.get(offset):
                 self._deferred.append(offset)
             else:
@@ -576,7 +558,7 @@ class OffsetBackend(StorageBackend):
                 for entry in entries:
                     older = self._objects.get(entry.key)
                     if older is not None:
-                        self._deferred.append(_record_start(older))
+                        self._deferred.append(record_start(older))
                         self._policy.remove(entry.key)
                     self._objects[entry.key] = entry
                     self._changed[entry.key] = entry
@@ -612,7 +594,7 @@ class OffsetBackend(StorageBackend):
                     self._changed[key] = None
                     self._dropped[key] = next(self._drops)
                     self._policy.remove(key)
-                    self._deferred.append(_record_start(entry))
+                    self._deferred.append(record_start(entry))
             if entry is None:
                 self._checkpoint([])
                 return True
@@ -645,10 +627,8 @@ class OffsetBackend(StorageBackend):
 
     # ------------------------------------------------------------------ reads
 
-    def lookup(self, key: bytes) -> Optional[ObjectInfo]:
-        with self._lock:
-            entry = self._objects.get(key)
-            return None if entry is None else ObjectInfo(entry.value_len, entry.crc)
+    def _entry_of(self, key: bytes) -> Optional[IndexEntry]:
+        return self._objects.get(key)
 
     def _plan_reads(
         self, items: Sequence[ReadItem], start: int, end: int, plan: List[Tuple[int, IndexEntry]], pins: List[int]
@@ -668,7 +648,7 @@ class OffsetBackend(StorageBackend):
             size = entry.value_len
             if out.nbytes < size:
                 raise InvalidValueError("output buffer smaller than the value", key=key[:64], size=size, got=out.nbytes)
-            record = _record_start(entry)
+            record = record_start(entry)
             counts[record] = counts.get(record, 0) + 1
             touch(key)
             plan.append((i, entry))
@@ -687,43 +667,23 @@ class OffsetBackend(StorageBackend):
         if self._closed and not counts:
             self._close_fd()  # closed while these reads were in flight
 
-    def _drop_read(self, record: int, entry: IndexEntry, why: str) -> None:
-        log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
-        self._drop(entry)
+    def _pin_record(self, entry: IndexEntry) -> Tuple[int, int, str, int]:
+        """Pin the record of ``entry`` as a read does (lock held)."""
+        record = record_start(entry)
+        self._pins[record] = self._pins.get(record, 0) + 1
+        return record, self._fd, self._path, record  # type: ignore[return-value]
 
-    def _drop(self, entry: IndexEntry) -> None:
-        """Forget a replica that failed verification. ``_lock`` held."""
-        if self._objects.get(entry.key) is entry:
-            del self._objects[entry.key]
-            self._changed[entry.key] = None
-            self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
-            self._policy.remove(entry.key)
-            self._deferred.append(_record_start(entry))
+    def _drop_corrupt(self, entry: IndexEntry, why: str) -> None:
+        if self._objects.get(entry.key) is not entry:
+            return  # removed, overwritten or evicted meanwhile
+        log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
+        del self._objects[entry.key]
+        self._changed[entry.key] = None
+        self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
+        self._policy.remove(entry.key)
+        self._deferred.append(record_start(entry))
 
     # ------------------------------------------------------------------ the rest
-
-    def check(self) -> List[bytes]:
-        """Verify every record (header, key, value checksum); drop and return corrupt keys.
-
-        Each record is pinned while it is read, as a read pins it, so that a concurrent
-        write cannot reuse its space meanwhile; an entry replaced meanwhile is not judged."""
-        with self._lock:
-            self._check_open()
-            snapshot = list(self._objects.values())
-            pins = [_record_start(e) for e in snapshot]
-            for record in pins:
-                self._pins[record] = self._pins.get(record, 0) + 1
-        try:
-            corrupt = [e for e in snapshot if not self._verify_record(e)]
-        finally:
-            with self._lock:
-                self._unpin_reads(pins)
-        with self._lock:
-            corrupt = [e for e in corrupt if self._objects.get(e.key) is e]
-            for entry in corrupt:
-                self._drop(entry)
-        self.counters["corrupt_reads"] += len(corrupt)
-        return [e.key for e in corrupt]
 
     @property
     def used_bytes(self) -> int:
@@ -757,8 +717,3 @@ class OffsetBackend(StorageBackend):
             os.close(self._fd)
             self._fd = None
 
-
-def _record_start(entry: IndexEntry) -> int:
-    """Where the record of ``entry`` starts: its value's offset less the header block
-    (:func:`record.head_size`, computed inline: this runs per object evicted)."""
-    return entry.value_offset - (RECORD_HEADER.size + len(entry.key) + ALIGN - 1) // ALIGN * ALIGN

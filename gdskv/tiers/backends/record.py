@@ -67,6 +67,13 @@ def head_size(key_len: int) -> int:
     return align_up(RECORD_HEADER.size + key_len)
 
 
+def record_start(entry: "IndexEntry") -> int:
+    """Where the record of the index ``entry`` starts: its value's offset less the header
+    block (:func:`head_size`, computed inline: the offset backend runs this per object it
+    evicts)."""
+    return entry.value_offset - (RECORD_HEADER.size + len(entry.key) + ALIGN - 1) // ALIGN * ALIGN
+
+
 def record_size(key_len: int, value_len: int) -> int:
     """Bytes a record takes on disk, padding included."""
     return head_size(key_len) + align_up(value_len)

@@ -48,14 +48,14 @@ def after_renames(backend, monkeypatch, wrap):
     ``wrap(real)``; other calls of it pass through. For writes that evict nothing."""
     import itertools
 
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     if backend.sync == "file":
-        monkeypatch.setattr(fpk, "fsync_dir", wrap(fpk.fsync_dir))
+        monkeypatch.setattr(fpk_sync, "fsync_dir", wrap(fpk_sync.fsync_dir))
         return
-    real, calls = fpk.syncfs, itertools.count(1)
+    real, calls = fpk_sync.syncfs, itertools.count(1)
     wrapped = wrap(real)
-    monkeypatch.setattr(fpk, "syncfs", lambda fd: wrapped(fd) if next(calls) % 2 == 0 else real(fd))
+    monkeypatch.setattr(fpk_sync, "syncfs", lambda fd: wrapped(fd) if next(calls) % 2 == 0 else real(fd))
 
 
 @contextlib.contextmanager
@@ -180,16 +180,12 @@ def test_recovery_drops_temporaries_and_files_that_lie(tmp_path, direct_psync):
 def test_a_record_file_that_cannot_be_read_at_open_fails_the_open_and_is_kept(tmp_path, direct_psync, monkeypatch):
     """EIO (or running out of descriptors) says nothing about the file: it is not deleted
     as corrupt, and the open fails with the path, so that a retry finds everything."""
-    import builtins
-
-    import gdskv.tiers.backends.file_per_key as fpk
-
     values = {f"k{i}".encode(): block(i, 3000) for i in range(8)}
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items(values))
     backend.close()
     failing = str(backend.path_of(b"k3"))
-    monkeypatch.setattr(fpk, "open", failing_for(failing, builtins.open, errno.EIO), raising=False)
+    monkeypatch.setattr(direct_psync, "open_file", failing_for(failing, direct_psync.open_file, errno.EIO))
     with pytest.raises(IoError) as info:
         open_backend(tmp_path, direct_psync)
     assert info.value.context["path"] == failing and info.value.context["errno"] == errno.EIO
@@ -239,11 +235,11 @@ def shard_dirs(root):
 def test_the_store_opens_with_its_whole_shard_tree_synced(tmp_path, direct_psync, monkeypatch):
     """All 16 x 16 shard directories exist once the store is open, and every directory that
     gained one was fsynced: a write never creates a directory."""
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     synced = []
-    real = fpk.fsync_dir
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    real = fpk_sync.fsync_dir
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
     backend = open_backend(tmp_path, direct_psync)
     root = tmp_path / "files"
     digits = "0123456789abcdef"
@@ -265,12 +261,12 @@ def test_a_write_syncs_every_directory_whose_entries_it_changed(tmp_path, direct
     power loss could drop the shard (and the file in it) after the write was acknowledged."""
     import shutil
 
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     backend = open_backend(tmp_path, direct_psync, sync="file")
     synced = []
-    real = fpk.fsync_dir
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    real = fpk_sync.fsync_dir
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
     name = file_name(b"first")
     root = tmp_path / "files"
     backend.write(items({b"first": block(1, 5000)}))
@@ -356,9 +352,9 @@ def dying(real):
         return real(*args)
     return call
 if step == "link":
-    fpk.os.link = dying(os.link)
+    os.link = dying(os.link)
 elif step == "unlink":
-    fpk.os.unlink = dying(os.unlink)
+    os.unlink = dying(os.unlink)
 else:
     Path.rmdir = dying(Path.rmdir)
 backend = fpk.FilePerKeyBackend(Path(root), make_engine("psync", direct=True), capacity=64 << 20)
@@ -406,7 +402,7 @@ def test_a_moved_file_is_durable_at_its_place_before_its_old_name_goes(tmp_path,
     """Where a rename's two directory entries may reach the disk in either order (ext4
     without a journal), a power loss in the middle of a move could leave the file with no
     name. So its place's directory is fsynced before the old name is unlinked."""
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     values = {f"k{i}".encode(): block(i, 3000) for i in range(20)}
     backend = open_backend(tmp_path, direct_psync)
@@ -414,8 +410,8 @@ def test_a_moved_file_is_durable_at_its_place_before_its_old_name_goes(tmp_path,
     backend.close()
     to_older_tree(tmp_path, backend, values)
     events = []
-    real_fsync_dir, real_unlink = fpk.fsync_dir, os.unlink
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (events.append(("fsync", str(path))), real_fsync_dir(path)))
+    real_fsync_dir, real_unlink = fpk_sync.fsync_dir, os.unlink
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (events.append(("fsync", str(path))), real_fsync_dir(path)))
     monkeypatch.setattr(os, "unlink", lambda path, **kw: (events.append(("unlink", str(path))), real_unlink(path, **kw)))
     backend = open_backend(tmp_path, direct_psync)
     monkeypatch.undo()
@@ -448,7 +444,7 @@ def test_files_move_by_rename_where_the_filesystem_has_no_hard_links(tmp_path, d
 
 def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync, monkeypatch):
     """Otherwise a power loss after the key's removal could bring the older copy back."""
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"k": block(1, 3000)}))
@@ -459,8 +455,8 @@ def test_deleting_an_older_copy_of_a_key_is_made_durable(tmp_path, direct_psync,
     stale.parent.mkdir(parents=True)
     stale.write_bytes(older)
     synced = []
-    real = fpk.fsync_dir
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
+    real = fpk_sync.fsync_dir
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(str(path)), real(path)))
     backend = open_backend(tmp_path, direct_psync)
     assert not stale.exists() and str(stale.parent) in synced
     assert read(backend, b"k", 3000) == block(2, 3000)
@@ -500,15 +496,15 @@ def test_a_failed_write_that_made_a_shard_again_still_syncs_its_parents(tmp_path
     the directory stays and later writes stop fsyncing ``files/`` for it."""
     import shutil
 
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     backend = open_backend(tmp_path, direct_psync, sync="file")
     root = tmp_path / "files"
     name = file_name(b"first")
     shutil.rmtree(root / name[0])
     synced = []
-    real_fsync_dir = fpk.fsync_dir
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
+    real_fsync_dir = fpk_sync.fsync_dir
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
     real_fdatasync = os.fdatasync
 
     def failing(fd):
@@ -919,14 +915,14 @@ def test_an_eviction_whose_directory_fsync_fails_is_made_durable_by_the_next_rem
     """The victim is gone from the index at once; its directory's fsync failed, so the next
     remove() (of the victim, say, which finds it absent) fsyncs it before it returns, or
     raises while it cannot."""
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
     from gdskv.tiers.backends.record import record_size
 
     size = 50_000
     backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size), sync="file")
     backend.write(items({b"k0": block(0, size)}))
     victim_dir = str(backend.path_of(b"k0").parent)
-    real = fpk.fsync_dir
+    real = fpk_sync.fsync_dir
     failing = [True]
     synced = []
 
@@ -936,7 +932,7 @@ def test_an_eviction_whose_directory_fsync_fails_is_made_durable_by_the_next_rem
             raise OSError(errno.EIO, "Input/output error", str(path))
         return real(path)
 
-    monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(fpk_sync, "fsync_dir", fsync_dir)
     assert backend.write(items({b"k1": block(1, size)})) == [b"k0"]
     # k0's old name may still name its file after a crash: the write did not take that file
     assert backend.stats()["files_reused"] == 0 and read(backend, b"k1", size) == block(1, size)
@@ -992,7 +988,7 @@ def test_a_directory_an_eviction_leaves_unsynced_during_a_remove_stays_for_the_n
     remove() took it off the list after its own (earlier) fsync."""
     import threading
 
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
     from gdskv.tiers.backends.record import record_size
 
     victim, removed = keys_in_one_shard(2)
@@ -1001,7 +997,7 @@ def test_a_directory_an_eviction_leaves_unsynced_during_a_remove_stays_for_the_n
     backend.write(items({victim: block(1, 100)}))  # the oldest: the next write evicts it
     backend.write(items({removed: block(2, 100)}))
     shard = backend.path_of(victim).parent
-    real = fpk.fsync_dir
+    real = fpk_sync.fsync_dir
     remove_synced, eviction_done = threading.Event(), threading.Event()
     state = {"evicting": False}
 
@@ -1013,7 +1009,7 @@ def test_a_directory_an_eviction_leaves_unsynced_during_a_remove_stays_for_the_n
             remove_synced.set()  # the remove() has fsynced the shard; it pauses here
             eviction_done.wait(10)
 
-    monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(fpk_sync, "fsync_dir", fsync_dir)
     remover = threading.Thread(target=lambda: backend.remove(removed))
     remover.start()
     assert remove_synced.wait(10)
@@ -1024,7 +1020,7 @@ def test_a_directory_an_eviction_leaves_unsynced_during_a_remove_stays_for_the_n
     eviction_done.set()
     remover.join(10)
     synced = []
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(path), real(path)))
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(path), real(path)))
     assert not backend.remove(victim) and shard in synced
     backend.close()
 
@@ -1034,20 +1030,20 @@ def test_directories_a_failed_write_could_not_sync_are_synced_once_by_the_next_w
     gained it: the next write fsyncs them, and the ones after it no longer do."""
     import shutil
 
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 
     backend = open_backend(tmp_path, direct_psync, sync="file")
     root = tmp_path / "files"
     name = file_name(b"first")
     shutil.rmtree(root / name[0])
-    real_fsync_dir, real_fdatasync = fpk.fsync_dir, os.fdatasync
+    real_fsync_dir, real_fdatasync = fpk_sync.fsync_dir, os.fdatasync
     monkeypatch.setattr(os, "fdatasync", failing_for_any(errno.EIO))
-    monkeypatch.setattr(fpk, "fsync_dir", failing_for_any(errno.EIO))
+    monkeypatch.setattr(fpk_sync, "fsync_dir", failing_for_any(errno.EIO))
     with pytest.raises(IoError):
         backend.write(items({b"first": block(1, 5000)}))
     monkeypatch.setattr(os, "fdatasync", real_fdatasync)
     synced = []
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path)))
     others = [k for k in (b"k%d" % i for i in range(100_000)) if file_name(k)[0] != name[0]][:2]
     backend.write(items({others[0]: block(2, 100)}))
     assert str(root) in synced
@@ -1070,14 +1066,14 @@ def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_pat
     to shed cached ones. The eviction's fsyncs must not queue behind them (a deadlock)."""
     import threading
 
-    import gdskv.tiers.backends.file_per_key as fpk
+    import gdskv.tiers.backends.file_per_key.sync as fpk_sync
     from gdskv.tiers.backends.record import record_size
 
     keys = [k for k in (b"old%d" % i for i in range(100_000))][:20]
     size = record_size(len(keys[0]), 100)
     backend = open_backend(tmp_path, direct_psync, capacity=20 * size, sync="file")
     backend.write(items({k: block(i, 100) for i, k in enumerate(keys)}))
-    real = fpk.fsync_dir
+    real = fpk_sync.fsync_dir
     shared_busy = threading.Semaphore(0)
     lock_taken = threading.Event()
 
@@ -1089,7 +1085,7 @@ def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_pat
         return real(path)
 
     state = {"remove": False}
-    monkeypatch.setattr(fpk, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(fpk_sync, "fsync_dir", fsync_dir)
     with backend._lock:
         backend._pending_dirs.update(tmp_path / "files" / a / b for a in "0123456789abcdef" for b in "01")
     state["remove"] = True
@@ -1099,7 +1095,7 @@ def test_an_eviction_never_waits_behind_sync_jobs_that_wait_for_its_lock(tmp_pat
 
     remover = threading.Thread(target=remove, daemon=True)
     remover.start()
-    for _ in range(fpk.SYNC_THREADS):
+    for _ in range(fpk_sync.SYNC_THREADS):
         assert shared_busy.acquire(timeout=10)  # every shared sync thread is taken
     state["remove"] = False
     backend.evict_listener = lambda evicted: lock_taken.set()

@@ -11,7 +11,8 @@ import os
 import pytest
 
 import gdskv
-import gdskv.tiers.backends.file_per_key as fpk
+import gdskv.tiers.backends.file_per_key.backend as fpk_backend
+import gdskv.tiers.backends.file_per_key.sync as fpk_sync
 from backend_io import items, read
 from conftest import block
 from gdskv.errors import ConfigError, IoError
@@ -27,13 +28,13 @@ def record_events(backend, monkeypatch):
     """Patch the calls a write makes to sync, rename and submit I/O so that each one is
     appended to the returned list (as a name, or ("replace", final path)) before it runs."""
     events = []
-    real_syncfs, real_replace, real_submit = fpk.syncfs, os.replace, backend.engine.submit
-    real_fdatasync, real_fsync, real_fsync_dir = os.fdatasync, os.fsync, fpk.fsync_dir
-    monkeypatch.setattr(fpk, "syncfs", lambda fd: (events.append("syncfs"), real_syncfs(fd))[1])
+    real_syncfs, real_replace, real_submit = fpk_sync.syncfs, os.replace, backend.engine.submit
+    real_fdatasync, real_fsync, real_fsync_dir = os.fdatasync, os.fsync, fpk_sync.fsync_dir
+    monkeypatch.setattr(fpk_sync, "syncfs", lambda fd: (events.append("syncfs"), real_syncfs(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b))[1])
     monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_fdatasync(fd))[1])
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (events.append("fsync_dir"), real_fsync_dir(path))[1])
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (events.append("fsync_dir"), real_fsync_dir(path))[1])
     monkeypatch.setattr(backend.engine, "submit", lambda requests: (events.append("submit"), real_submit(requests))[1])
     return events
 
@@ -107,15 +108,15 @@ def test_a_spare_is_overwritten_only_after_a_syncfs_made_its_rename_durable(tmp_
     size = 50_000
     backend = open_backend(tmp_path, direct_psync, capacity=2 * record_size(2, size))
     backend.write(items({b"k0": block(0, size), b"k1": block(1, size)}))
-    real = fpk.syncfs
+    real = fpk_sync.syncfs
 
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(fpk, "syncfs", failing)
+    monkeypatch.setattr(fpk_sync, "syncfs", failing)
     with pytest.raises(IoError):
         backend.write(items({b"k2": block(2, size)}))  # evicts k0, whose file is a spare now
-    monkeypatch.setattr(fpk, "syncfs", real)
+    monkeypatch.setattr(fpk_sync, "syncfs", real)
     assert backend.stats()["spare_files"] == 1
     backend.write(items({b"k3": block(3, size)}))
     assert backend.stats()["files_reused"] == 0
@@ -137,7 +138,7 @@ def test_a_failed_syncfs_before_the_renames_changes_nothing(tmp_path, direct_psy
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(fpk, "syncfs", failing)
+    monkeypatch.setattr(fpk_sync, "syncfs", failing)
     with pytest.raises(IoError) as info:
         backend.write(items({b"k": block(2, 12_000), b"new": block(3, 100)}))
     monkeypatch.undo()
@@ -164,11 +165,11 @@ def test_a_remove_before_the_writes_syncfs_makes_its_evictions_durable(tmp_path,
     backend = open_backend(tmp_path, direct_psync, capacity=record_size(2, size))
     backend.write(items({b"k0": block(0, size)}))
     victim_dir = str(backend.path_of(b"k0").parent)
-    gate = Gate(fpk.syncfs)  # the write's first syncfs
-    monkeypatch.setattr(fpk, "syncfs", gate)
-    real_fsync_dir = fpk.fsync_dir
+    gate = Gate(fpk_sync.syncfs)  # the write's first syncfs
+    monkeypatch.setattr(fpk_sync, "syncfs", gate)
+    real_fsync_dir = fpk_sync.fsync_dir
     synced = []
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path))[1])
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (synced.append(str(path)), real_fsync_dir(path))[1])
     writer = threading.Thread(target=lambda: backend.write(items({b"k1": block(1, size)})))
     writer.start()
     try:
@@ -194,8 +195,8 @@ def test_the_sync_descriptor_is_closed_with_the_backend(tmp_path, direct_psync):
 
 
 def test_without_syncfs_the_backend_syncs_file_by_file(tmp_path, direct_psync, monkeypatch, caplog):
-    monkeypatch.setattr(fpk, "syncfs_available", lambda: False)
-    with caplog.at_level("INFO", logger=fpk.__name__):
+    monkeypatch.setattr(fpk_sync, "syncfs_available", lambda: False)
+    with caplog.at_level("INFO", logger=fpk_sync.__name__):
         backend = open_backend(tmp_path, direct_psync)
     assert backend.sync == "file" and backend.stats()["sync"] == "file"
     assert "syncfs is not available" in caplog.text
@@ -253,11 +254,11 @@ def test_a_remove_beside_another_remove_still_waits_for_the_eviction_to_be_durab
     backend.write(items({a: block(1, 1000), b: block(2, 1000)}))
     shard = str(backend.path_of(a).parent)
     durable = []  # syncs that ended
-    real_syncfs, real_fsync_dir = fpk.syncfs, fpk.fsync_dir
+    real_syncfs, real_fsync_dir = fpk_sync.syncfs, fpk_sync.fsync_dir
     write_gate = Gate(lambda fd: (real_syncfs(fd), durable.append("syncfs")))
-    monkeypatch.setattr(fpk, "syncfs", write_gate)
+    monkeypatch.setattr(fpk_sync, "syncfs", write_gate)
     remove_gate = Gate(lambda path: (real_fsync_dir(path), durable.append(str(path))))  # the first remove's fsync
-    monkeypatch.setattr(fpk, "fsync_dir", remove_gate)
+    monkeypatch.setattr(fpk_sync, "fsync_dir", remove_gate)
     writer = threading.Thread(target=lambda: backend.write(items({b"x1": block(3, 1000), b"x2": block(4, 1000)})))
     writer.start()
     write_gate.wait_reached()  # a and b evicted, nothing synced yet
@@ -315,7 +316,7 @@ def test_a_write_that_fails_after_taking_a_spare_deletes_it(tmp_path, direct_psy
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(fpk, "syncfs", failing)
+    monkeypatch.setattr(fpk_sync, "syncfs", failing)
     with pytest.raises(IoError):
         backend.write(items({b"k3": block(3, size)}))  # takes k0's spare, evicts k1
     monkeypatch.undo()
@@ -356,13 +357,13 @@ def test_a_failed_evicting_write_still_makes_its_evictions_durable(tmp_path, dir
     backend.write(items({b"k0": block(0, size)}))
     shard = str(backend.path_of(b"k0").parent)
     synced = []
-    real_fsync_dir = fpk.fsync_dir
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
+    real_fsync_dir = fpk_sync.fsync_dir
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
 
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(fpk, "syncfs", failing)
+    monkeypatch.setattr(fpk_sync, "syncfs", failing)
     with pytest.raises(IoError):
         backend.write(items({b"k1": block(1, size)}))
     assert backend.lookup(b"k0") is None and shard in synced
@@ -410,8 +411,8 @@ def test_a_pending_directory_removed_behind_the_stores_back_has_nothing_to_sync(
     def failing(*args):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(fpk, "syncfs", failing)
-    monkeypatch.setattr(fpk, "fsync_dir", failing)
+    monkeypatch.setattr(fpk_sync, "syncfs", failing)
+    monkeypatch.setattr(fpk_sync, "fsync_dir", failing)
     with pytest.raises(IoError):
         backend.write(items({b"k1": block(1, size)}))  # evicts k0; nothing could sync
     monkeypatch.undo()
@@ -434,9 +435,9 @@ def test_a_remove_of_a_victim_whose_file_the_write_has_not_handled_yet_deletes_i
     victim = backend.path_of(b"k0")
     gate = Gate(backend.engine.submit)  # the write's first submit: k0 evicted, its file untouched
     monkeypatch.setattr(backend.engine, "submit", gate)
-    real_fsync_dir = fpk.fsync_dir
+    real_fsync_dir = fpk_sync.fsync_dir
     synced = []
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
     writer = threading.Thread(target=lambda: backend.write(items({b"k1": block(1, size)})))
     writer.start()
     try:
@@ -471,11 +472,11 @@ def test_a_spare_made_after_a_remove_settled_its_directory_is_synced_by_the_next
     shard = str(backend.path_of(victim).parent)
     submit_gate = Gate(backend.engine.submit)
     monkeypatch.setattr(backend.engine, "submit", submit_gate)
-    sync_gate = Gate(fpk.syncfs)
-    monkeypatch.setattr(fpk, "syncfs", sync_gate)
-    real_fsync_dir = fpk.fsync_dir
+    sync_gate = Gate(fpk_sync.syncfs)
+    monkeypatch.setattr(fpk_sync, "syncfs", sync_gate)
+    real_fsync_dir = fpk_sync.fsync_dir
     synced = []
-    monkeypatch.setattr(fpk, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
+    monkeypatch.setattr(fpk_sync, "fsync_dir", lambda path: (real_fsync_dir(path), synced.append(str(path)))[0])
     writer = threading.Thread(target=lambda: backend.write(items({b"new": block(3, 1000)})))
     writer.start()
     try:
@@ -508,7 +509,7 @@ def test_a_write_that_fails_before_its_first_request_settles_its_evictions(tmp_p
     def no_memory(key_lengths):
         raise MemoryError("no memory for the header blocks")
 
-    monkeypatch.setattr(fpk, "HeadBlocks", no_memory)
+    monkeypatch.setattr(fpk_backend, "HeadBlocks", no_memory)
     with pytest.raises(MemoryError):
         backend.write(items({b"k1": block(1, size)}))
     monkeypatch.undo()

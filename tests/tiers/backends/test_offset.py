@@ -727,13 +727,13 @@ def test_a_write_evicts_no_object_a_read_in_flight_holds_to_make_room(tmp_path, 
 
     from gates import Gate
     from gdskv.gds.engine import IoOp
-    from gdskv.tiers.backends.offset import _record_start
+    from gdskv.tiers.backends.record import record_start
 
     backend = open_backend(tmp_path, direct_psync, capacity=64 << 10, window_bytes=8 << 10)
     keys = [b"k%d" % i for i in range(8)]
     for i, key in enumerate(keys):
         backend.write(items({key: value_of(i, 4096)}))  # 8 KiB records
-    stored = sorted(backend.keys(), key=lambda k: _record_start(backend._objects[k]))  # noqa: SLF001
+    stored = sorted(backend.keys(), key=lambda k: record_start(backend._objects[k]))  # noqa: SLF001
     held = stored[::2]
     hold = backend.engine.submit = Gate(backend.engine.submit, lambda requests: requests[0].op is IoOp.READ, times=len(held))
     readers = [threading.Thread(target=read, args=(backend, key, 4096)) for key in held]

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import List, Tuple
+from typing import List
 
 import pytest
 
-from backend_io import items
-from conftest import MATRIX_ENGINES, block, uring_unavailable
+from backend_io import every_backend, items, value_location  # noqa: F401 - every_backend: a fixture
+from conftest import block
 from gdskv.config import BACKENDS
 from gdskv.errors import InvalidValueError
-from gdskv.gds import make_engine
 from gdskv.tiers.backends.record import checksum
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp
 from gdskv.tiers.backends import make_backend
@@ -26,17 +25,9 @@ KiB = 1024
 SIZES = (4 * KiB, 100, 4 * KiB + 1, 20 * KiB, 1)
 
 
-@pytest.fixture(params=[(b, e) for b in BACKENDS for e in MATRIX_ENGINES], ids=lambda p: f"{p[0]}-{p[1]}")
-def backend(request, tmp_path):
-    name, engine_name = request.param
-    if engine_name == "uring" and uring_unavailable():
-        pytest.skip(uring_unavailable())
-    engine = make_engine(engine_name, direct=True)
-    be = make_backend(name, tmp_path, engine, capacity=64 << 20)
-    be.recover()
-    yield be
-    be.close()
-    engine.close()
+@pytest.fixture
+def backend(every_backend):
+    return every_backend
 
 
 def values(count: int) -> dict:
@@ -49,16 +40,6 @@ def outs_64_past_a_page(sizes: List[int]) -> List[memoryview]:
     stride = -(-(max(sizes) + 164) // 4096) * 4096
     area = memoryview(mmap.mmap(-1, stride * len(sizes)))
     return [area[i * stride + 64 : i * stride + 64 + n + 100] for i, n in enumerate(sizes)]
-
-
-def value_location(be, key: bytes) -> Tuple[str, int]:
-    """The file and offset of the stored value of ``key``."""
-    if be.name == "bucket":
-        bucket = be._objects[key]
-        return str(bucket.data_path), bucket.entries[key].value_offset
-    if be.name == "offset":
-        return str(be.data_path), be._objects[key].value_offset
-    return str(be.path_of(key)), be._objects[key].value_offset
 
 
 def nothing_pinned(be) -> bool:
