@@ -8,79 +8,43 @@ Sizes are bytes inside the library; strings such as ``"8GiB"`` are parsed at the
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
+from gdskv.config_fields import (
+    EVICTION_POLICIES,
+    MAX_WAIT_S,
+    GiB,
+    KiB,
+    MiB,
+    Size,
+    TiB,
+    check_bytes,
+    check_choice,
+    check_count,
+    check_finite,
+    check_flag,
+    check_positive,
+    check_wait,
+    format_size,
+    parse_size,
+)
 from gdskv.errors import ConfigError
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
 
 #: The smallest DRAM tier: one allocation unit of its arena (capacities are rounded down to
 #: whole units of 64 bytes).
 MIN_DRAM_BYTES = 64
-TiB = 1 << 40
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": KiB,
-    "m": 1000**2, "mb": 1000**2, "mib": MiB,
-    "g": 1000**3, "gb": 1000**3, "gib": GiB,
-    "t": 1000**4, "tb": 1000**4, "tib": TiB,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-Size = Union[int, str]
-
-EVICTION_POLICIES = ("lru", "fifo")
 OFFLOAD_POLICIES = ("eager", "watermark")
 #: Registered names; they must match gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
 BACKENDS = ("bucket", "file_per_key", "offset")
 IO_ENGINES = ("auto", "kvikio", "psync", "uring")
 #: How the file_per_key backend makes its files durable (see StoreConfig.file_per_key_sync).
 FILE_PER_KEY_SYNC_MODES = ("filesystem", "file")
-
-
-def parse_size(value: Size, *, field: str = "size") -> int:
-    """Parse ``"2GiB"``, ``"512 MB"``, ``"4096"`` or an int into a byte count (>= 0).
-
-    Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB)
-    powers of 1000. Raises :class:`ConfigError` naming ``field`` for anything else.
-    """
-    if isinstance(value, bool):
-        raise ConfigError("size must be an int or a string like '8GiB'", field=field, got=value)
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError("size must not be negative", field=field, got=value)
-        return value
-    if not isinstance(value, str):
-        raise ConfigError("size must be an int or a string like '8GiB'", field=field, got=value)
-    match = _SIZE_RE.match(value)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ConfigError("unparsable size; use e.g. '512MiB', '8GiB', '4096'", field=field, got=value)
-    try:
-        return int(float(match.group(1)) * _UNITS[unit])
-    except OverflowError:
-        raise ConfigError("size too large", field=field, got=value[:40]) from None
-
-
-def format_size(n: float) -> str:
-    """Render a byte count with a binary unit, e.g. ``2.0 GiB``."""
-    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    """Return ``value`` if it is one of ``choices``, else raise a ConfigError listing them."""
-    if value not in choices:
-        raise ConfigError(f"unknown {name}", got=value, valid=", ".join(choices))
-    return value
+#: io_uring refuses a queue of more entries than this (IORING_MAX_ENTRIES).
+MAX_IO_DEPTH = 32768
+#: More psync threads than this is a mistake, not a setting (each is an OS thread).
+MAX_IO_THREADS = 1024
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,54 +125,38 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         for name in ("dram_bytes", "ssd_bytes", "hbm_bytes", "bucket_bytes", "io_read_inflight_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, parse_size(value, field=name))
-            elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError("must be a non-negative byte count", field=name, got=value)
+            object.__setattr__(self, name, check_bytes(name, getattr(self, name)))
         if self.dram_bytes < MIN_DRAM_BYTES:
             raise ConfigError(f"the DRAM tier needs at least {MIN_DRAM_BYTES} bytes", field="dram_bytes", got=self.dram_bytes)
-        for name in ("high_watermark", "low_watermark", "bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
-            _finite(name, getattr(self, name))
-        for name in ("bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
-            if getattr(self, name) > MAX_WAIT_S:
-                raise ConfigError(f"must be at most {MAX_WAIT_S:.0f} seconds (a year)", field=name, got=getattr(self, name))
-        check_choice("eviction policy", self.eviction, EVICTION_POLICIES)
-        check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES)
-        check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES)
+        check_finite("high_watermark", self.high_watermark)
+        check_finite("low_watermark", self.low_watermark)
+        check_wait("bucket_max_age_s", self.bucket_max_age_s, positive=True)
+        check_wait("offload_retry_s", self.offload_retry_s)
+        check_wait("put_timeout_s", self.put_timeout_s)
+        check_choice("eviction policy", self.eviction, EVICTION_POLICIES, field="eviction")
+        check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES, field="ssd_eviction")
+        check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES, field="hbm_eviction")
         if not isinstance(self.hbm_device, int) or isinstance(self.hbm_device, bool) or self.hbm_device < 0:
             raise ConfigError("must be a CUDA device index >= 0", field="hbm_device", got=self.hbm_device)
         for flag in ("hbm_promote", "dram_huge_pages", "direct_io"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError("must be True or False", field=flag, got=getattr(self, flag))
-        check_choice("offload policy", self.offload, OFFLOAD_POLICIES)
-        check_choice("backend", self.backend, BACKENDS)
-        check_choice("file_per_key sync mode", self.file_per_key_sync, FILE_PER_KEY_SYNC_MODES)
-        check_choice("io engine", self.io_engine, IO_ENGINES)
-        check_choice("verify_on_open", self.verify_on_open, ("index", "full"))
+            check_flag(flag, getattr(self, flag))
+        check_choice("offload policy", self.offload, OFFLOAD_POLICIES, field="offload")
+        check_choice("backend", self.backend, BACKENDS, field="backend")
+        check_choice("file_per_key sync mode", self.file_per_key_sync, FILE_PER_KEY_SYNC_MODES, field="file_per_key_sync")
+        check_choice("io engine", self.io_engine, IO_ENGINES, field="io_engine")
+        check_choice("verify_on_open", self.verify_on_open, ("index", "full"), field="verify_on_open")
         if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
             raise ConfigError(
                 "watermarks must satisfy 0 < low <= high <= 1",
                 low_watermark=self.low_watermark,
                 high_watermark=self.high_watermark,
             )
-        _positive("io_threads", self.io_threads)
-        _positive("io_depth", self.io_depth)
-        if self.io_depth > MAX_IO_DEPTH:
-            raise ConfigError(f"must be at most {MAX_IO_DEPTH} (io_uring's largest queue)", field="io_depth", got=self.io_depth)
-        if self.io_threads > MAX_IO_THREADS:
-            raise ConfigError(f"must be at most {MAX_IO_THREADS}", field="io_threads", got=self.io_threads)
-        _positive("io_read_inflight_bytes", self.io_read_inflight_bytes)
-        _positive("bucket_bytes", self.bucket_bytes)
-        _positive("bucket_max_keys", self.bucket_max_keys)
-        if self.bucket_max_age_s <= 0:
-            raise ConfigError("must be positive", field="bucket_max_age_s", got=self.bucket_max_age_s)
-        if not isinstance(self.promote_after_reads, int) or isinstance(self.promote_after_reads, bool) or self.promote_after_reads < 0:
-            raise ConfigError("must be an integer >= 0", field="promote_after_reads", got=self.promote_after_reads)
-        if self.offload_retry_s < 0:
-            raise ConfigError("must be >= 0", field="offload_retry_s", got=self.offload_retry_s)
-        if self.put_timeout_s < 0:
-            raise ConfigError("must be >= 0", field="put_timeout_s", got=self.put_timeout_s)
+        check_positive("io_threads", self.io_threads, maximum=MAX_IO_THREADS)
+        check_positive("io_depth", self.io_depth, maximum=MAX_IO_DEPTH, why=" (io_uring's largest queue)")
+        check_positive("io_read_inflight_bytes", self.io_read_inflight_bytes)
+        check_positive("bucket_bytes", self.bucket_bytes)
+        check_positive("bucket_max_keys", self.bucket_max_keys)
+        check_count("promote_after_reads", self.promote_after_reads)
 
     @property
     def has_ssd(self) -> bool:
@@ -223,23 +171,27 @@ class StoreConfig:
         return dataclasses.replace(self, **changes)
 
 
-#: The longest wait a setting or a ``timeout`` may ask for: a year (Python's own limit on a
-#: wait is about 292 years; past it a wait raises OverflowError).
-MAX_WAIT_S = 365 * 24 * 3600.0
-#: io_uring refuses a queue of more entries than this (IORING_MAX_ENTRIES).
-MAX_IO_DEPTH = 32768
-#: More psync threads than this is a mistake, not a setting (each is an OS thread).
-MAX_IO_THREADS = 1024
-
-
-def _finite(name: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ConfigError("must be a finite number", field=name, got=value)
-
-
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError("must be a positive integer", field=name, got=value)
+__all__ = [
+    "BACKENDS",
+    "EVICTION_POLICIES",
+    "FILE_PER_KEY_SYNC_MODES",
+    "GiB",
+    "IO_ENGINES",
+    "KiB",
+    "MAX_IO_DEPTH",
+    "MAX_IO_THREADS",
+    "MAX_WAIT_S",
+    "MIN_DRAM_BYTES",
+    "MiB",
+    "OFFLOAD_POLICIES",
+    "Size",
+    "StoreConfig",
+    "TiB",
+    "check_choice",
+    "env_overrides",
+    "format_size",
+    "parse_size",
+]
 
 
 #: Environment variables read by :func:`env_overrides`, and the field each sets.
