@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 
 from gdskv.config_fields import (
     EVICTION_POLICIES,
+    FILE_PER_KEY_SYNC_MODES,
     MAX_WAIT_S,
     GiB,
     KiB,
@@ -39,8 +40,6 @@ OFFLOAD_POLICIES = ("eager", "watermark")
 #: Registered names; they must match gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
 BACKENDS = ("bucket", "file_per_key", "offset")
 IO_ENGINES = ("auto", "kvikio", "psync", "uring")
-#: How the file_per_key backend makes its files durable (see StoreConfig.file_per_key_sync).
-FILE_PER_KEY_SYNC_MODES = ("filesystem", "file")
 #: io_uring refuses a queue of more entries than this (IORING_MAX_ENTRIES).
 MAX_IO_DEPTH = 32768
 #: More psync threads than this is a mistake, not a setting (each is an OS thread).

@@ -4,8 +4,10 @@ Each check raises a :class:`ConfigError` naming the field it was given. Sizes ar
 inside the library; strings such as ``"8GiB"`` are parsed at the edge with
 :func:`parse_size`.
 
-This module is a leaf below every config module: it imports nothing of gdskv but
-:mod:`gdskv.errors`.
+It also holds the names a config and the component it configures both check (eviction
+policies, file_per_key's sync modes), so that a component never imports a config module
+that builds it. This module is a leaf below every config module: it imports nothing of
+gdskv but :mod:`gdskv.errors`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ Size = Union[int, str]
 
 #: Object-level eviction policies (gdskv.tiers.policies registers them under these names).
 EVICTION_POLICIES = ("lru", "fifo")
+#: How the file_per_key backend makes its files durable (see StoreConfig.file_per_key_sync).
+FILE_PER_KEY_SYNC_MODES = ("filesystem", "file")
 
 #: The longest wait a setting or a ``timeout`` may ask for: a year (Python's own limit on a
 #: wait is about 292 years; past it a wait raises OverflowError).

@@ -61,7 +61,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
 
 import xxhash
 
-from gdskv.config import FILE_PER_KEY_SYNC_MODES, check_choice
+from gdskv.config_fields import FILE_PER_KEY_SYNC_MODES, check_choice
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
