@@ -12,9 +12,10 @@ gdskv but :mod:`gdskv.errors`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Type, TypeVar, Union
 
 from gdskv.errors import ConfigError
 
@@ -36,7 +37,7 @@ Size = Union[int, str]
 
 #: Object-level eviction policies (gdskv.tiers.policies registers them under these names).
 EVICTION_POLICIES = ("lru", "fifo")
-#: How the file_per_key backend makes its files durable (see StoreConfig.file_per_key_sync).
+#: How the file_per_key backend makes its files durable (see backend_config.FilePerKeyConfig.sync).
 FILE_PER_KEY_SYNC_MODES = ("filesystem", "file")
 
 #: The longest wait a setting or a ``timeout`` may ask for: a year (Python's own limit on a
@@ -134,3 +135,22 @@ def check_wait(field: str, value: Any, *, positive: bool = False) -> float:
     if value < 0:
         raise ConfigError("must be >= 0", field=field, got=value)
     return value
+
+
+C = TypeVar("C")
+
+
+def registered(kind: str, name: str, registry: Mapping[str, C]) -> C:
+    """``registry[name]``, or a ConfigError naming ``kind`` and listing the registered names."""
+    check_choice(kind, name, tuple(sorted(registry)))
+    return registry[name]
+
+
+def construct(cls: Type[C], options: Mapping[str, Any], *, what: str) -> C:
+    """``cls(**options)`` for a config dataclass, refusing an option it does not have with
+    a ConfigError that lists the ones it has (``what`` names the component in the message)."""
+    valid = sorted(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown option of {what}", got=", ".join(unknown), valid=", ".join(valid))
+    return cls(**options)
