@@ -218,6 +218,20 @@ def test_command_line_flags_reach_the_component_configs(tmp_path, monkeypatch):
         assert isinstance(store.config.nvme_backend, OffsetConfig) and isinstance(store.config.io, PsyncConfig)
 
 
+def test_a_backend_option_reaches_its_backend_without_the_store_naming_it(tmp_path):
+    """file_per_key's sync mode goes through its config: the store builds whatever backend
+    config.nvme_backend is, and names no backend or backend option."""
+    import inspect
+
+    from gdskv.store import Store
+
+    with gdskv.open(tmp_path / "s", dram="1MiB", ssd="8MiB", backend="file_per_key", file_per_key_sync="file") as store:
+        assert store.stats()["nvme"]["sync"] == "file"
+    source = inspect.getsource(Store.__init__)
+    assert "nvme_backend.build(" in source
+    assert "file_per_key" not in source and "sync" not in source and "make_backend" not in source
+
+
 def _top_level_imports(path):
     """The gdskv modules ``path`` imports at module level (not under TYPE_CHECKING, not in a
     function)."""
