@@ -12,7 +12,7 @@ from gdskv.backend_config import (
 )
 from gdskv.config import MiB
 from gdskv.errors import ConfigError
-from gdskv.tiers.backends import BACKENDS, BucketBackend, FilePerKeyBackend, OffsetBackend
+from gdskv.tiers.backends import BACKENDS, BucketBackend, FilePerKeyBackend, OffsetBackend, make_backend
 
 
 def test_the_registry_names_each_config_by_its_backend():
@@ -69,3 +69,13 @@ def test_each_config_builds_its_backend(tmp_path, direct_psync):
     finally:
         for backend in (bucket, offset, files):
             backend.close()
+
+
+def test_make_backend_builds_through_the_config(tmp_path, direct_psync):
+    backend = make_backend("file_per_key", tmp_path, direct_psync, capacity=8 * MiB, sync="file")
+    try:
+        assert isinstance(backend, FilePerKeyBackend) and backend.sync == "file"
+    finally:
+        backend.close()
+    with pytest.raises(ConfigError):
+        make_backend("offset", tmp_path, direct_psync, capacity=8 * MiB, sync="file")

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import uring_unavailable
 from gdskv.errors import ConfigError
-from gdskv.gds import make_engine
+from gdskv.gds import ENGINES, make_engine
 from gdskv.io_config import (
     ENGINE_CONFIGS,
     MAX_IO_DEPTH,
@@ -21,6 +21,7 @@ from gdskv.io_config import (
 
 
 def test_the_registry_names_each_config_by_its_engine():
+    assert ENGINES is ENGINE_CONFIGS
     assert sorted(ENGINE_CONFIGS) == ["auto", "kvikio", "psync", "uring"]
     for name, cls in ENGINE_CONFIGS.items():
         assert cls.name == name and issubclass(cls, EngineConfig)
