@@ -283,10 +283,10 @@ def kvikio_read(path, nbytes):
 def staging_read(path, nbytes):
     import torch
 
-    from gdskv.gds import make_engine
     from gdskv.gds.staging import StagedRead, StagingReader, TorchCopier
+    from gdskv.io_config import AutoConfig
 
-    engine = make_engine("auto", direct=True, depth=64, threads=8, directory=os.path.dirname(path))
+    engine = AutoConfig(direct=True, depth=64, threads=8).build(os.path.dirname(path))
     # 16 slots of 4 MiB: as many bytes in flight as the plain O_DIRECT read (16 x 4 MiB).
     reader = StagingReader(engine, TorchCopier(), slot_bytes=4 * MiB, slots=16)
     span = 256 * MiB

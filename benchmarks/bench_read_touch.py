@@ -54,10 +54,10 @@ import bench_io  # noqa: E402  (the sibling benchmark: its fio runner and machin
 from cache_flush import Flusher, load_flusher  # noqa: E402
 
 from gdskv.config import format_size, parse_size  # noqa: E402
-from gdskv.gds import make_engine  # noqa: E402
 from gdskv.gds.aligned import alloc_aligned  # noqa: E402
 from gdskv.gds.engine import IoRequest  # noqa: E402
 from gdskv.gds.probe import fs_type  # noqa: E402
+from gdskv.io_config import UringConfig  # noqa: E402
 
 
 class DeviceStat:
@@ -167,7 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     fio_mem = bench_io.FioMemory(args.fio_mem if fio else "malloc", args.qd * block)
     device = bench_io.device_of(base)
     stat = DeviceStat(device)
-    engine = make_engine("uring", direct=True, directory=work, read_inflight_bytes=args.qd * block)  # --qd in flight
+    engine = UringConfig(direct=True, read_inflight_bytes=args.qd * block).build(work)  # --qd in flight
     copier: Optional[Copier] = None
     flush, flush_how = load_flusher()
     staging_area = direct_area = None

@@ -500,9 +500,8 @@ def chunked(n: int, size: int, nbytes: int = 0) -> List[range]:
 
 
 def print_banner(args: argparse.Namespace, root: Path, dropper: CacheDropper, n: int) -> None:
-    from gdskv.gds import make_engine
-
-    with make_engine(args.io_engine, threads=args.io_threads, direct=True, directory=root) as engine:
+    io = gdskv.StoreConfig(io_engine=args.io_engine, io_threads=args.io_threads).io  # the stores' engine
+    with io.build(root) as engine:
         engine_desc = ", ".join(f"{k}={v}" for k, v in engine.describe().items())
     lines = [
         ("gdskv", f"{gdskv.__version__}  bench_store: per-tier throughput vs this machine's limits"),

@@ -1,91 +1,96 @@
-"""Store configuration: one frozen, keyword-only dataclass, validated on construction.
+"""Store configuration: the flat fields users set, and the config of each component.
+
+:class:`StoreConfig` is the user-facing edge: one frozen, keyword-only dataclass of flat
+fields (``gdskv.open`` keywords, ``GDSKV_*`` variables, the command line's options all name
+them), validated on construction. Construction maps them onto the config of each pluggable
+component, which validates its own fields and builds it:
+
+- ``config.offloader``: :class:`~gdskv.offload_config.OffloaderConfig`;
+- ``config.io``: the :mod:`gdskv.io_config` of the engine ``io_engine`` names;
+- ``config.nvme_backend``: the :mod:`gdskv.backend_config` of the backend ``backend`` names.
+
+:data:`OFFLOADER_FIELDS`, :data:`IO_FIELDS` and :data:`BACKEND_FIELDS` say which flat field
+sets which component field; a component's ConfigError names the flat field the user wrote.
 
 Sizes are bytes inside the library; strings such as ``"8GiB"`` are parsed at the edge with
 :func:`parse_size`. Environment overrides (``GDSKV_*``) are read in one place,
 :func:`env_overrides`, and applied by :func:`gdskv.open`.
+
+This module imports the component configs, never the components.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import re
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Type, TypeVar
 
+from gdskv.backend_config import BACKEND_CONFIGS, VERIFY_MODES, BackendConfig
+from gdskv.config_fields import (
+    EVICTION_POLICIES,
+    FILE_PER_KEY_SYNC_MODES,
+    MAX_WAIT_S,
+    GiB,
+    KiB,
+    MiB,
+    Size,
+    TiB,
+    check_bytes,
+    check_choice,
+    check_count,
+    check_flag,
+    check_wait,
+    format_size,
+    parse_size,
+)
 from gdskv.errors import ConfigError
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
+from gdskv.io_config import ENGINE_CONFIGS, MAX_IO_DEPTH, MAX_IO_THREADS, EngineConfig
+from gdskv.offload_config import OFFLOAD_POLICIES, OffloaderConfig
 
 #: The smallest DRAM tier: one allocation unit of its arena (capacities are rounded down to
 #: whole units of 64 bytes).
 MIN_DRAM_BYTES = 64
-TiB = 1 << 40
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": KiB,
-    "m": 1000**2, "mb": 1000**2, "mib": MiB,
-    "g": 1000**3, "gb": 1000**3, "gib": GiB,
-    "t": 1000**4, "tb": 1000**4, "tib": TiB,
+#: Registered names: those of gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
+BACKENDS = tuple(sorted(BACKEND_CONFIGS))
+IO_ENGINES = tuple(sorted(ENGINE_CONFIGS))
+
+#: The flat fields each component's config is built from: flat name -> that config's field.
+#: A component takes those of its fields it has (psync has no ``depth``).
+OFFLOADER_FIELDS = {
+    "offload": "policy",
+    "high_watermark": "high_watermark",
+    "low_watermark": "low_watermark",
+    "bucket_bytes": "bucket_bytes",
+    "bucket_max_keys": "bucket_max_keys",
+    "bucket_max_age_s": "bucket_max_age_s",
+    "offload_retry_s": "offload_retry_s",
 }
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+IO_FIELDS = {
+    "io_threads": "threads",
+    "io_depth": "depth",
+    "io_read_inflight_bytes": "read_inflight_bytes",
+    "direct_io": "direct",
+}
+BACKEND_FIELDS = {
+    "ssd_bytes": "capacity",
+    "ssd_eviction": "eviction",
+    "verify_on_open": "verify_on_open",
+    "file_per_key_sync": "sync",
+}
 
-Size = Union[int, str]
-
-EVICTION_POLICIES = ("lru", "fifo")
-OFFLOAD_POLICIES = ("eager", "watermark")
-#: Registered names; they must match gdskv.tiers.backends.BACKENDS and gdskv.gds.ENGINES.
-BACKENDS = ("bucket", "file_per_key", "offset")
-IO_ENGINES = ("auto", "kvikio", "psync", "uring")
-#: How the file_per_key backend makes its files durable (see StoreConfig.file_per_key_sync).
-FILE_PER_KEY_SYNC_MODES = ("filesystem", "file")
-
-
-def parse_size(value: Size, *, field: str = "size") -> int:
-    """Parse ``"2GiB"``, ``"512 MB"``, ``"4096"`` or an int into a byte count (>= 0).
-
-    Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB)
-    powers of 1000. Raises :class:`ConfigError` naming ``field`` for anything else.
-    """
-    if isinstance(value, bool):
-        raise ConfigError("size must be an int or a string like '8GiB'", field=field, got=value)
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError("size must not be negative", field=field, got=value)
-        return value
-    if not isinstance(value, str):
-        raise ConfigError("size must be an int or a string like '8GiB'", field=field, got=value)
-    match = _SIZE_RE.match(value)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ConfigError("unparsable size; use e.g. '512MiB', '8GiB', '4096'", field=field, got=value)
-    try:
-        return int(float(match.group(1)) * _UNITS[unit])
-    except OverflowError:
-        raise ConfigError("size too large", field=field, got=value[:40]) from None
-
-
-def format_size(n: float) -> str:
-    """Render a byte count with a binary unit, e.g. ``2.0 GiB``."""
-    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    """Return ``value`` if it is one of ``choices``, else raise a ConfigError listing them."""
-    if value not in choices:
-        raise ConfigError(f"unknown {name}", got=value, valid=", ".join(choices))
-    return value
+C = TypeVar("C")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StoreConfig:
-    """Everything that shapes a :class:`gdskv.Store`. All sizes are in bytes."""
+    """Everything that shapes a :class:`gdskv.Store`. All sizes are in bytes.
+
+    The offloader's, the I/O engine's and the NVMe backend's fields are checked by their
+    own configs (``offloader``, ``io``, ``nvme_backend``); a flat field of an engine or a
+    backend not chosen is checked by the configs that take it, so a bad value is refused
+    whichever is chosen.
+    """
 
     #: Capacity of the host DRAM tier (one arena allocated once). Default 2 GiB.
     dram_bytes: int = 2 * GiB
@@ -95,7 +100,8 @@ class StoreConfig:
     #: fragmented host) more than offload speed matters; the I/O engines' staging (a few
     #: MiB per thread, allocated once) keeps the advice. Default True.
     dram_huge_pages: bool = True
-    #: Byte cap of the NVMe tier; 0 disables it (a DRAM-only cache). Default 20 GiB.
+    #: Byte cap of the NVMe tier (the backend's ``capacity``); 0 disables it (a DRAM-only
+    #: cache). Default 20 GiB.
     ssd_bytes: int = 20 * GiB
     #: Capacity of the GPU (HBM) tier: one device pool allocated at open; 0 disables it
     #: (device buffers are then refused). Needs a CUDA device (torch). Default 0.
@@ -109,10 +115,11 @@ class StoreConfig:
     hbm_promote: bool = True
     #: Object-level eviction in DRAM: "lru" or "fifo". Default "lru".
     eviction: str = "lru"
-    #: Bucket-level eviction on NVMe: "fifo" or "lru". Default "fifo".
+    #: Eviction on NVMe (the backend's ``eviction``): "fifo" or "lru". Default "fifo".
     ssd_eviction: str = "fifo"
-    #: When values go to SSD: "eager" (every put, in the background) or "watermark"
-    #: (only when DRAM crosses ``high_watermark``, down to ``low_watermark``). Default "eager".
+    #: When values go to SSD (the offloader's ``policy``): "eager" (every put, in the
+    #: background) or "watermark" (only when DRAM crosses ``high_watermark``, down to
+    #: ``low_watermark``). Default "eager".
     offload: str = "eager"
     #: DRAM usage fraction that starts watermark offload and gates promotion. Default 0.9.
     high_watermark: float = 0.9
@@ -121,24 +128,28 @@ class StoreConfig:
     #: Storage layout on NVMe: "bucket" (sealed bucket files), "offset" (one preallocated
     #: file) or "file_per_key" (one file per object, for debugging). Default "bucket".
     backend: str = "bucket"
-    #: How the "file_per_key" backend makes a write's files durable: "filesystem" (one
-    #: syncfs(2) after the data, one after the renames: the same few device cache flushes
-    #: a batch, whatever its number of files; it also writes back whatever else is dirty on
-    #: that filesystem) or "file" (an fdatasync per file and an fsync per directory, side
-    #: by side). Default "filesystem".
+    #: How the "file_per_key" backend makes a write's files durable (its ``sync``):
+    #: "filesystem" (one syncfs(2) after the data, one after the renames: the same few
+    #: device cache flushes a batch, whatever its number of files; it also writes back
+    #: whatever else is dirty on that filesystem) or "file" (an fdatasync per file and an
+    #: fsync per directory, side by side). Default "filesystem".
     file_per_key_sync: str = "filesystem"
     #: I/O engine that moves bytes to and from NVMe: "auto" (io_uring when this machine
-    #: allows it, else psync; stats() says which and why), "uring" or "psync". Default "auto".
+    #: allows it, else psync; stats() says which and why), "uring", "psync" or "kvikio".
+    #: Default "auto".
     io_engine: str = "auto"
-    #: Worker threads of the psync engine. Default 4.
+    #: Worker threads of the psync engine (kvikio's thread pool; the engines' ``threads``).
+    #: Default 4.
     io_threads: int = 4
-    #: Requests in flight per io_uring (one ring per thread). Default 64.
+    #: Requests in flight per io_uring (one ring per thread; the engines' ``depth``).
+    #: Default 64.
     io_depth: int = 64
     #: Bytes of large reads (not the small reads of a few KiB) in flight per io_uring:
-    #: more waits, so a deep queue of large reads does not slow the disk down. Default 4 MiB.
+    #: more waits, so a deep queue of large reads does not slow the disk down (the
+    #: engines' ``read_inflight_bytes``). Default 4 MiB.
     io_read_inflight_bytes: int = 4 * MiB
-    #: Open NVMe files with O_DIRECT where the filesystem allows it (buffered otherwise).
-    #: Default True.
+    #: Open NVMe files with O_DIRECT where the filesystem allows it (buffered otherwise;
+    #: the engines' ``direct``). Default True.
     direct_io: bool = True
     #: A bucket is sealed once it holds this many bytes... Default 64 MiB.
     bucket_bytes: int = 64 * MiB
@@ -160,55 +171,40 @@ class StoreConfig:
     verify_on_open: str = "index"
 
     def __post_init__(self) -> None:
-        for name in ("dram_bytes", "ssd_bytes", "hbm_bytes", "bucket_bytes", "io_read_inflight_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, parse_size(value, field=name))
-            elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError("must be a non-negative byte count", field=name, got=value)
+        for name in ("dram_bytes", "hbm_bytes"):
+            object.__setattr__(self, name, check_bytes(name, getattr(self, name)))
         if self.dram_bytes < MIN_DRAM_BYTES:
             raise ConfigError(f"the DRAM tier needs at least {MIN_DRAM_BYTES} bytes", field="dram_bytes", got=self.dram_bytes)
-        for name in ("high_watermark", "low_watermark", "bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
-            _finite(name, getattr(self, name))
-        for name in ("bucket_max_age_s", "offload_retry_s", "put_timeout_s"):
-            if getattr(self, name) > MAX_WAIT_S:
-                raise ConfigError(f"must be at most {MAX_WAIT_S:.0f} seconds (a year)", field=name, got=getattr(self, name))
-        check_choice("eviction policy", self.eviction, EVICTION_POLICIES)
-        check_choice("ssd eviction policy", self.ssd_eviction, EVICTION_POLICIES)
-        check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES)
+        check_wait("put_timeout_s", self.put_timeout_s)
+        check_choice("eviction policy", self.eviction, EVICTION_POLICIES, field="eviction")
+        check_choice("hbm eviction policy", self.hbm_eviction, EVICTION_POLICIES, field="hbm_eviction")
         if not isinstance(self.hbm_device, int) or isinstance(self.hbm_device, bool) or self.hbm_device < 0:
             raise ConfigError("must be a CUDA device index >= 0", field="hbm_device", got=self.hbm_device)
-        for flag in ("hbm_promote", "dram_huge_pages", "direct_io"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError("must be True or False", field=flag, got=getattr(self, flag))
-        check_choice("offload policy", self.offload, OFFLOAD_POLICIES)
-        check_choice("backend", self.backend, BACKENDS)
-        check_choice("file_per_key sync mode", self.file_per_key_sync, FILE_PER_KEY_SYNC_MODES)
-        check_choice("io engine", self.io_engine, IO_ENGINES)
-        check_choice("verify_on_open", self.verify_on_open, ("index", "full"))
-        if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
-            raise ConfigError(
-                "watermarks must satisfy 0 < low <= high <= 1",
-                low_watermark=self.low_watermark,
-                high_watermark=self.high_watermark,
-            )
-        _positive("io_threads", self.io_threads)
-        _positive("io_depth", self.io_depth)
-        if self.io_depth > MAX_IO_DEPTH:
-            raise ConfigError(f"must be at most {MAX_IO_DEPTH} (io_uring's largest queue)", field="io_depth", got=self.io_depth)
-        if self.io_threads > MAX_IO_THREADS:
-            raise ConfigError(f"must be at most {MAX_IO_THREADS}", field="io_threads", got=self.io_threads)
-        _positive("io_read_inflight_bytes", self.io_read_inflight_bytes)
-        _positive("bucket_bytes", self.bucket_bytes)
-        _positive("bucket_max_keys", self.bucket_max_keys)
-        if self.bucket_max_age_s <= 0:
-            raise ConfigError("must be positive", field="bucket_max_age_s", got=self.bucket_max_age_s)
-        if not isinstance(self.promote_after_reads, int) or isinstance(self.promote_after_reads, bool) or self.promote_after_reads < 0:
-            raise ConfigError("must be an integer >= 0", field="promote_after_reads", got=self.promote_after_reads)
-        if self.offload_retry_s < 0:
-            raise ConfigError("must be >= 0", field="offload_retry_s", got=self.offload_retry_s)
-        if self.put_timeout_s < 0:
-            raise ConfigError("must be >= 0", field="put_timeout_s", got=self.put_timeout_s)
+        check_flag("hbm_promote", self.hbm_promote)
+        check_flag("dram_huge_pages", self.dram_huge_pages)
+        check_count("promote_after_reads", self.promote_after_reads)
+        check_choice("backend", self.backend, BACKENDS, field="backend")
+        check_choice("io engine", self.io_engine, IO_ENGINES, field="io_engine")
+        object.__setattr__(self, "_offloader", self._component(OffloaderConfig, OFFLOADER_FIELDS))
+        object.__setattr__(self, "_io", self._chosen(ENGINE_CONFIGS, self.io_engine, IO_FIELDS))
+        object.__setattr__(self, "_nvme_backend", self._chosen(BACKEND_CONFIGS, self.backend, BACKEND_FIELDS))
+
+    @property
+    def offloader(self) -> OffloaderConfig:
+        """The offloader's config, from :data:`OFFLOADER_FIELDS`."""
+        return self._offloader  # type: ignore[attr-defined]
+
+    @property
+    def io(self) -> EngineConfig:
+        """The config of the I/O engine ``io_engine`` names, from :data:`IO_FIELDS`;
+        ``config.io.build(directory)`` builds the engine."""
+        return self._io  # type: ignore[attr-defined]
+
+    @property
+    def nvme_backend(self) -> BackendConfig:
+        """The config of the NVMe backend ``backend`` names, from :data:`BACKEND_FIELDS`;
+        ``config.nvme_backend.build(root, engine)`` builds the backend."""
+        return self._nvme_backend  # type: ignore[attr-defined]
 
     @property
     def has_ssd(self) -> bool:
@@ -222,24 +218,60 @@ class StoreConfig:
         """Return a copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
+    def _chosen(self, registry: Mapping[str, Type[C]], name: str, fields: Mapping[str, str]) -> C:
+        """The config of component ``name`` of ``registry``; the others are built too, and
+        dropped, so that each checks the flat fields it takes."""
+        built = {key: self._component(cls, fields) for key, cls in registry.items()}
+        return built[name]
 
-#: The longest wait a setting or a ``timeout`` may ask for: a year (Python's own limit on a
-#: wait is about 292 years; past it a wait raises OverflowError).
-MAX_WAIT_S = 365 * 24 * 3600.0
-#: io_uring refuses a queue of more entries than this (IORING_MAX_ENTRIES).
-MAX_IO_DEPTH = 32768
-#: More psync threads than this is a mistake, not a setting (each is an OS thread).
-MAX_IO_THREADS = 1024
+    def _component(self, cls: Type[C], fields: Mapping[str, str]) -> C:
+        """``cls`` built from the flat fields it takes (``fields``: flat name -> its field).
+        Its ConfigError names the flat field; the normalised values (``"8GiB"`` -> bytes)
+        are written back to the flat fields."""
+        own = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        taken = {flat: name for flat, name in fields.items() if name in own}
+        try:
+            config = cls(**{name: getattr(self, flat) for flat, name in taken.items()})
+        except ConfigError as exc:
+            raise _in_flat_terms(exc, {name: flat for flat, name in taken.items()}) from None
+        for flat, name in taken.items():
+            object.__setattr__(self, flat, getattr(config, name))
+        return config
 
 
-def _finite(name: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ConfigError("must be a finite number", field=name, got=value)
+def _in_flat_terms(exc: ConfigError, flat: Mapping[str, str]) -> ConfigError:
+    """``exc`` with the component's field names replaced by the flat ones they came from."""
+    context: Dict[str, Any] = {flat.get(key, key): value for key, value in exc.context.items()}
+    if context.get("field") in flat:
+        context["field"] = flat[context["field"]]
+    return ConfigError(exc.message, **context)
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError("must be a positive integer", field=name, got=value)
+__all__ = [
+    "BACKENDS",
+    "BACKEND_FIELDS",
+    "EVICTION_POLICIES",
+    "FILE_PER_KEY_SYNC_MODES",
+    "GiB",
+    "IO_ENGINES",
+    "IO_FIELDS",
+    "KiB",
+    "MAX_IO_DEPTH",
+    "MAX_IO_THREADS",
+    "MAX_WAIT_S",
+    "MIN_DRAM_BYTES",
+    "MiB",
+    "OFFLOADER_FIELDS",
+    "OFFLOAD_POLICIES",
+    "Size",
+    "StoreConfig",
+    "TiB",
+    "VERIFY_MODES",
+    "check_choice",
+    "env_overrides",
+    "format_size",
+    "parse_size",
+]
 
 
 #: Environment variables read by :func:`env_overrides`, and the field each sets.

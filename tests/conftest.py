@@ -143,8 +143,8 @@ def tiny_fs(tmp_path):
 @pytest.fixture
 def direct_psync():
     """A psync I/O engine using O_DIRECT where the filesystem allows it, closed afterwards."""
-    from gdskv.gds import make_engine
+    from gdskv.io_config import PsyncConfig
 
-    eng = make_engine("psync", direct=True)
+    eng = PsyncConfig(direct=True).build()
     yield eng
     eng.close()

@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from gdskv.config import StoreConfig, format_size
 from gdskv.errors import ConfigError, GdskvError, InvalidValueError, IoError, KeyExistsError, StoreClosedError, ValueTooLargeError
-from gdskv.gds import IoEngine, make_engine
+from gdskv.gds import IoEngine
 from gdskv.metrics import Counters
 from gdskv.store.activity import Activity, deadline_arg
 from gdskv.store.dram_room import DramRoom
@@ -53,7 +53,6 @@ from gdskv.store.promoter import Promoter
 from gdskv.store.reads import TierReader
 from gdskv.store.report import CheckReport, store_stats
 from gdskv.storedir import open_store_directory
-from gdskv.tiers.backends import make_backend
 from gdskv.tiers.backends.null import NullBackend
 from gdskv.tiers.backends.record import checksum, record_size
 from gdskv.tiers.devpool import DevicePool
@@ -110,24 +109,9 @@ class Store:
         try:
             self._dram = DramTier(config.dram_bytes, make_policy(config.eviction), huge_pages=config.dram_huge_pages)
             if config.has_ssd:
-                self._engine = engine if engine is not None else make_engine(
-                    config.io_engine,
-                    threads=config.io_threads,
-                    depth=config.io_depth,
-                    direct=config.direct_io,
-                    directory=self.path,
-                    read_inflight_bytes=config.io_read_inflight_bytes,
-                )
+                self._engine = engine if engine is not None else config.io.build(self.path)
                 engine = None
-                self._nvme = make_backend(
-                    config.backend,
-                    self.path,
-                    self._engine,
-                    capacity=config.ssd_bytes,
-                    eviction=config.ssd_eviction,
-                    verify_on_open=config.verify_on_open,
-                    **({"sync": config.file_per_key_sync} if config.backend == "file_per_key" else {}),
-                )
+                self._nvme = config.nvme_backend.build(self.path, self._engine)
                 self.recovery = self._nvme.recover()
                 self._nvme.evict_listener = self._nvme_evicting
                 self._offloader = Offloader(config, self._dram, self._nvme, host, cond=self._cond)

@@ -13,8 +13,9 @@ import pytest
 from awaiting import awaited, cancel_an_await
 from conftest import block, uring_unavailable
 from gdskv.errors import InvalidValueError, IoError, StoreClosedError
-from gdskv.gds import IoRequest, make_engine
+from gdskv.gds import IoRequest
 from gdskv.gds.aligned import alloc_aligned, is_direct_fd
+from gdskv.io_config import PsyncConfig
 
 
 def _engine(name: str, direct: bool, **kw):
@@ -359,7 +360,7 @@ def test_threads_get_their_own_rings_and_the_same_bytes(engine, datafile):
 
 
 def test_closed_engine_refuses_work(tmp_path):
-    eng = make_engine("psync")
+    eng = PsyncConfig(direct=False).build()
     eng.close()
     eng.close()  # idempotent
     with pytest.raises(StoreClosedError):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from gdskv.errors import ConfigError, IoError
-from gdskv.gds import make_engine
 from gdskv.gds.device import DeviceInfo, detect
 from gdskv.gds.engine import IoRequest
 from gdskv.gds.kvikio_engine import KvikioEngine
+from gdskv.io_config import KvikioConfig
 from tests.conftest import block
 
 GPU = DeviceInfo(available=True, count=1, reason="stand-in")
@@ -82,7 +82,7 @@ def test_threads_size_kvikios_pool_and_bad_counts_are_refused():
 def test_needs_a_device_and_says_why(monkeypatch):
     monkeypatch.setenv("GDSKV_DEVICE", "cpu")
     with pytest.raises(ConfigError) as info:
-        make_engine("kvikio")
+        KvikioConfig(direct=False).build()
     assert "kvikio engine needs a CUDA device" in str(info.value)
     assert "GDSKV_DEVICE=cpu" in info.value.context["reason"]
 
@@ -90,7 +90,7 @@ def test_needs_a_device_and_says_why(monkeypatch):
 @pytest.mark.skipif(detect().available, reason="checks the CPU-only refusal")
 def test_refused_on_this_cpu_machine():
     with pytest.raises(ConfigError) as info:
-        make_engine("kvikio")
+        KvikioConfig(direct=False).build()
     assert info.value.context["reason"]
 
 
@@ -196,7 +196,7 @@ def test_real_kvikio_reads_into_device_memory(tmp_path):
     path = tmp_path / "data"
     data = block(7, 1 << 20)
     path.write_bytes(data)
-    with make_engine("kvikio") as eng:
+    with KvikioConfig(direct=False).build() as eng:
         fd = eng.open_file(path, os.O_RDONLY)
         out = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
         eng.register(out)

@@ -303,11 +303,11 @@ def test_an_overwrite_without_room_keeps_the_old_value(tmp_path):
     """The old copies of an overwritten key go only once the new value has room: a put that
     fails (DRAM full, the disk refusing writes) leaves the old value stored."""
     from gdskv.config import StoreConfig
-    from gdskv.gds import make_engine
     from gdskv.gds.faulty import FaultyEngine
+    from gdskv.io_config import PsyncConfig
 
     cfg = StoreConfig(dram_bytes=1 << 20, ssd_bytes=64 << 20, put_timeout_s=0.3, bucket_max_age_s=0.01, offload_retry_s=0.05)
-    faulty = FaultyEngine(make_engine("psync", threads=2, direct=True, directory=tmp_path))
+    faulty = FaultyEngine(PsyncConfig(threads=2).build())
     store = gdskv.Store(tmp_path / "store", cfg, engine=faulty)
     try:
         store.put("old", b"x" * 4096)

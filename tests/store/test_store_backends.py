@@ -238,11 +238,11 @@ def test_a_write_failing_with_any_exception_gives_back_what_it_reserved(tmp_path
     bytes reserved, until the tier looked full of writes in flight."""
     from backend_io import items
 
-    from gdskv.gds import make_engine
+    from gdskv.io_config import PsyncConfig
     from gdskv.tiers.backends import make_backend
     from gdskv.tiers.backends.record import record_size
 
-    engine = make_engine("psync", direct=True)
+    engine = PsyncConfig().build()
     backend = make_backend(name, tmp_path, engine, capacity=16 << 20)
     backend.recover()
     real_run, real_submit = engine.run, engine.submit

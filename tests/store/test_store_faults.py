@@ -15,6 +15,7 @@ from conftest import block, uring_unavailable
 from gdskv.gds import IoOp, make_engine
 from gdskv.gds.faulty import FaultyEngine
 from gdskv.gds.iovec import EngineUnavailableError
+from gdskv.io_config import AutoConfig, PsyncConfig, UringConfig
 
 DATA_PATHS = {"bucket": "buckets", "offset": "offset", "file_per_key": "files"}
 
@@ -181,7 +182,7 @@ def test_close_counts_objects_left_only_in_hbm_as_lost(tmp_path):
 
     cfg = gdskv.StoreConfig(dram_bytes=256 << 10, ssd_bytes=64 << 20, bucket_bytes=1 << 20, bucket_max_age_s=0.01,
                             offload_retry_s=FAST_RETRY_S, put_timeout_s=0.5)
-    faulty = FaultyEngine(make_engine("psync", direct=True, directory=tmp_path))
+    faulty = FaultyEngine(PsyncConfig().build())
     store = gdskv.Store(tmp_path / "store", cfg, engine=faulty, hbm_pool=HostStandInPool(64 << 10))
     faulty.inject("enospc", op=IoOp.WRITE)
     for i in range(4):
@@ -203,7 +204,7 @@ def test_close_does_not_count_an_hbm_object_that_is_on_nvme_as_lost(tmp_path):
 
     cfg = gdskv.StoreConfig(dram_bytes=256 << 10, ssd_bytes=64 << 20, bucket_bytes=1 << 20, bucket_max_age_s=0.01,
                             offload_retry_s=FAST_RETRY_S, put_timeout_s=0.5, hbm_promote=True)
-    faulty = FaultyEngine(make_engine("psync", direct=True, directory=tmp_path))
+    faulty = FaultyEngine(PsyncConfig().build())
     store = gdskv.Store(tmp_path / "store", cfg, engine=faulty, hbm_pool=HostStandInPool(64 << 10))
     store.put("promoted", block(1, 16 << 10))
     store.put("replaced", block(2, 16 << 10))
@@ -232,7 +233,7 @@ def test_close_counts_an_hbm_value_larger_than_its_nvme_record_as_lost_and_relea
 
     cfg = gdskv.StoreConfig(dram_bytes=256 << 10, ssd_bytes=64 << 20, bucket_bytes=1 << 20, bucket_max_age_s=0.01,
                             offload_retry_s=FAST_RETRY_S, put_timeout_s=0.5)
-    faulty = FaultyEngine(make_engine("psync", direct=True, directory=tmp_path))
+    faulty = FaultyEngine(PsyncConfig().build())
     store = gdskv.Store(tmp_path / "store", cfg, engine=faulty, hbm_pool=HostStandInPool(64 << 10))
     store.put("k", block(2, 16 << 10))
     store.flush()
@@ -339,9 +340,9 @@ def test_auto_says_what_it_chose_and_why(make_store, caplog):
 def test_without_liburing_uring_is_a_clear_error_and_auto_falls_back(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "liburing", None)  # as if the extra were not installed
     with pytest.raises(EngineUnavailableError) as info:
-        make_engine("uring")
+        UringConfig().build()
     assert "gdskv[uring]" in str(info.value)
-    engine = make_engine("auto", direct=True, directory=tmp_path)
+    engine = AutoConfig().build(tmp_path)
     try:
         assert engine.name == "psync" and "liburing" in engine.reason
     finally:
