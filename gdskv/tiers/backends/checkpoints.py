@@ -10,9 +10,8 @@ Layout under ``<store>/offset/``::
 
 Every file is written atomically (temporary file, fsync, rename, directory fsync) by the
 backend. A checkpoint is taken each time the window fills, so one that lists every object
-costs time in proportion to the store, not to what changed: with 60k objects of 64 KiB such
-a checkpoint (its evictions included) took about 30 ms, a seventh of the time of the 256 MiB
-of writes between two of them, and the share grows with the store. A delta lists only what
+costs time in proportion to the store, not to what changed, and its share of the write time
+grows with the store (docs/notes/write-path.md). A delta lists only what
 changed since the checkpoint before it. A new base (and the deletion of every delta file)
 comes once the deltas since the last base add up to more bytes than it, or number
 :data:`MAX_DELTAS`: so the bytes a base costs are spread over as many bytes of deltas, or

@@ -15,10 +15,8 @@ several requests that the device runs side by side. Records of :data:`ALONE_FROM
 more go one request each, as before: a request's bookkeeping is little beside their
 transfer, and the engine splits them into entries of its own size either way.
 
-Measured on the test VM (``uring``, O_DIRECT, 512 MiB into a new store in 64 MiB batches,
-six interleaved pairs, medians): 64 KiB values through ``bucket`` went from 1032-1052 to
-1340-1406 MiB/s, 256 KiB ones from 1646 to 1705; through ``offset``, from 1197 to 1257 and
-from 1661 to 1792.
+Coalescing is kept because it made writes of small values (64-256 KiB) faster through both
+``bucket`` and ``offset``; the runs are in docs/notes/write-path.md.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ def fit_reused_file(fd: int, nbytes: int) -> None:
     A write that evicts reuses the evicted file (the steady state of a full tier): its blocks
     are allocated and written already, so the new O_DIRECT writes overwrite them in place,
     with no allocation, no unwritten extents to convert at the fdatasync and no discard of
-    freed blocks (the bucket backend's 2 MiB objects into a full tier on the test VM:
-    2353-2543 MiB/s against 1377-1391 with new files and the old ones deleted). The caller
+    freed blocks, which made writes into a full tier markedly faster than new files with the
+    old ones deleted (docs/notes/write-path.md has the figures). The caller
     writes every byte up to ``nbytes``, so nothing of the old content is left."""
     size = os.fstat(fd).st_size
     if size > nbytes:

@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from gdskv.config import FILE_PER_KEY_SYNC_MODES, check_choice
+from gdskv.config_fields import FILE_PER_KEY_SYNC_MODES, check_choice
 from gdskv.errors import GdskvError, InvalidValueError, IoError, NoSpaceError, StoreClosedError
 from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest

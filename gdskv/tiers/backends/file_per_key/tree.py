@@ -11,8 +11,8 @@ file header, never from the path. File names come from a hash of the key, so no 
 directory.
 
 The tree has a fixed 16 x 16 = 256 shard directories, all made when the store is opened:
-a write never creates a directory (on the test VM, making a new object's shard directories
-took about 0.4 ms, 40% of what writing a 2 MiB object took), and the tree does not grow
+a write never creates a directory (making a new object's shard directories cost a large
+part of a 2 MiB write: docs/notes/file-per-key-and-filesystem.md), and the tree does not grow
 with the objects. A shard removed behind the store's back is made again by the write that
 needs it (:meth:`ShardTree.make_shard`). Files found elsewhere under ``files/`` when the
 store opens (the ``<h[0:2]>/<h[2:4]>/`` tree of earlier versions, *layout 1*) are moved to
