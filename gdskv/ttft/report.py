@@ -185,6 +185,15 @@ def render(report: TtftReport) -> str:
     return "\n".join(lines)
 
 
+def finish(banner: Any, results: Dict[str, List[Dict[str, Any]]], target_round: int, out_dir: Optional[Path]) -> TtftReport:
+    """The report of a finished run (both runners end here): its acceptance judged, and its
+    outputs written to ``out_dir`` unless that is None."""
+    report = TtftReport(banner=banner, results=results, acceptance=acceptance(results, target_round))
+    if out_dir is not None:
+        write_outputs(report, out_dir)
+    return report
+
+
 def write_outputs(report: TtftReport, out_dir: Path) -> None:
     """Write the JSON of every figure and the two plots under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -74,10 +74,7 @@ def _run(cfg: TtftConfig, *, progress: bool, write: bool) -> TtftReport:
         finally:
             for one in runs.values():
                 one.close()
-    report = TtftReport(banner=info, results=results, acceptance=ttft_report.acceptance(results, p.target_round))
-    if write:
-        ttft_report.write_outputs(report, Path(cfg.out_dir))
-    return report
+    return ttft_report.finish(info, results, p.target_round, Path(cfg.out_dir) if write else None)
 
 
 class _ConfigRun:
