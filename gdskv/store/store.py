@@ -23,7 +23,8 @@ evicts through its ``evict_listener``. Beside them: :class:`~gdskv.store.reads.T
 :class:`~gdskv.store.promoter.Promoter`, :class:`~gdskv.store.activity.Activity` (work in
 progress) and :class:`~gdskv.store.listeners.Listeners`. The store coordinates them: what a
 put finds under its key, the order of a put's steps, removes, and closing. One lock (an
-``RLock`` with one condition) guards the store and every part; bytes are copied outside it,
+``RLock`` with one condition) guards the store and every part but the NVMe backend, which
+has its own (its ``evict_listener`` runs under it); bytes are copied outside them,
 from and into pinned entries. A missing tier is a null part (:class:`NullHbmFront`,
 :class:`NullBackend`, :class:`NullOffloader`), never ``None``.
 """
