@@ -25,6 +25,10 @@
 
 from __future__ import annotations
 
+import logging
+import signal
+import subprocess
+import sys
 import threading
 import weakref
 from typing import Any, Optional, Sequence
@@ -33,6 +37,8 @@ from gdskv.errors import ConfigError, StoreClosedError
 from gdskv.gds.engine import IoEngine, IoFuture, IoRequest
 from gdskv.gds.iovec import EngineUnavailableError, check_layout
 from gdskv.gds.ring import READ_INFLIGHT_BYTES, Ring
+
+log = logging.getLogger(__name__)
 
 #: Default number of requests in flight per ring.
 DEPTH = 64
@@ -47,14 +53,50 @@ LIBURING_VERSION = "2026.3.30"
 
 
 def load_liburing() -> Any:
-    """Import the ``liburing`` wrapper, or raise :class:`EngineUnavailableError`."""
+    """Import the ``liburing`` wrapper, or raise :class:`EngineUnavailableError`: when it is
+    missing, and when it cannot run on this machine (:func:`liburing_crash`)."""
     try:
         import liburing
     except ImportError as exc:
         raise EngineUnavailableError(
             "the uring engine needs the liburing package: pip install 'gdskv[uring]'", cause=str(exc)
         ) from None
+    crash = liburing_crash()
+    if crash is not None:
+        raise EngineUnavailableError("the liburing package cannot run on this machine", cause=crash)
     return liburing
+
+
+#: Run by :func:`liburing_crash` in a process of its own: set up a ring, submit one no-op
+#: and wait for it, tear the ring down.
+_CANARY = """
+import liburing as L
+ring = L.Ring()
+L.io_uring_queue_init(2, ring)
+L.io_uring_prep_nop(L.io_uring_get_sqe(ring))
+L.io_uring_submit_and_wait(ring, 1)
+L.io_uring_queue_exit(ring)
+"""
+
+_CRASH: "list[Optional[str]]" = []  # the answer of liburing_crash, once known
+
+
+def liburing_crash() -> Optional[str]:
+    """None when the ``liburing`` wrapper runs here, else how it died. Its compiled core can
+    carry instructions that a CPU lacks (builds with AVX-512 have been seen): calling it then
+    kills the process with SIGILL, which no ``except`` can catch. So a child process sets a
+    ring up and submits a no-op first; the answer is kept for the life of this process (what
+    a CPU can run does not change). A kernel that refuses io_uring is not a crash: the child
+    exits with an error, and the engine's own setup reports it as usual."""
+    if not _CRASH:
+        try:
+            done = subprocess.run([sys.executable, "-c", _CANARY], capture_output=True, timeout=60)
+            died = -done.returncode if done.returncode < 0 else None
+            _CRASH.append(None if died is None else f"a test process calling it was killed by {signal.Signals(died).name}")
+        except (OSError, subprocess.SubprocessError) as exc:  # cannot tell: let the engine try
+            _CRASH.append(None)
+            log.debug("gdskv: could not check liburing in a child process: %s", exc)
+    return _CRASH[0]
 
 
 def fixed_ops_supported(lib: Any) -> bool:
