@@ -37,10 +37,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from gdskv.config import StoreConfig, format_size
-from gdskv.errors import ConfigError, GdskvError, InvalidValueError, IoError, KeyExistsError, StoreClosedError, ValueTooLargeError
+from gdskv.errors import ConfigError, GdskvError, InvalidValueError, IoError, StoreClosedError
 from gdskv.gds import IoEngine
 from gdskv.metrics import Counters
 from gdskv.store.activity import Activity, deadline_arg
@@ -53,9 +53,10 @@ from gdskv.store.parts import StoreParts
 from gdskv.store.promoter import Promoter
 from gdskv.store.reads import TierReader
 from gdskv.store.report import CheckReport, store_stats
+from gdskv.store.writes import SAME, REPLACE, PutSlot, Writer
 from gdskv.storedir import open_store_directory
 from gdskv.tiers.backends.null import NullBackend
-from gdskv.tiers.backends.record import checksum, record_size
+from gdskv.tiers.backends.record import checksum
 from gdskv.tiers.devpool import DevicePool
 from gdskv.tiers.dram import DramEntry, DramTier, SsdState
 from gdskv.tiers.policies import make_policy
@@ -66,9 +67,6 @@ log = logging.getLogger("gdskv.store")
 #: Failed offload batches (each retried after ``offload_retry_s``) after which ``close()``
 #: stops draining and reports what it could not write.
 CLOSE_DRAIN_TRIES = 3
-
-#: What a put finds under its key (:meth:`Store._existing`).
-_ABSENT, _SAME, _REPLACE = "absent", "same", "replace"
 
 
 class Store:
@@ -131,6 +129,11 @@ class Store:
             if hbm_pool is not None:
                 self._hbm = HbmFront(hbm_pool, config, self._dram, self._nvme, host, lock=self._lock)
                 hbm_pool = None
+            self._writer = Writer(
+                config, self._lock, self._dram, self._nvme, self._hbm, room=self._room, activity=self._activity,
+                listeners=self._listeners, counters=self._counters, offloader=self._offloader,
+                check_accepting=self._check_accepting, remove_locked=self._remove_locked,
+            )
             self._reader = TierReader(
                 self._lock, self._dram, self._nvme, self._hbm, counters=self._counters,
                 room=self._room, promoter=self._promoter, activity=self._activity, check_open=self._check_open,
@@ -162,62 +165,43 @@ class Store:
         if self._hbm.is_device(value):
             return self._put_device(k, value, overwrite)
         view = byte_view(value)
-        self._check_value_size(k, view.nbytes)
-        crc = checksum(k, view)
-        deadline = time.monotonic() + self.config.put_timeout_s
-        with self._lock:
-            self._check_accepting()
-            while True:
-                existing = self._existing(k, view.nbytes, crc, overwrite)
-                if existing is _SAME:
-                    return
-                entry = self._room.reserve(
-                    k, view.nbytes, crc, deadline, check=self._check_accepting, why_full=self._why_full
-                )
-                if entry is not None:
-                    break  # else it waited for room, the lock released: the key may have changed
-            try:
-                if existing is _REPLACE:
-                    # Only now that the new value has room do the old copies go (an overwrite
-                    # that fails for want of space leaves them as they were).
-                    self._remove_locked(k)
-                self._dram.register(entry)
-            except BaseException:
-                self._dram.discard_unlisted(entry)
-                raise
-            self._activity.put_began()
+        slot = self._writer.reserve(k, view.nbytes, checksum(k, view), overwrite)
+        if slot is None:
+            return  # these bytes are stored already
         try:
             t0 = time.perf_counter()
-            self._dram.write(entry, view)
+            slot.write(view)
             elapsed = time.perf_counter() - t0
         except BaseException:
-            with lock_through_interrupts(self._lock):
-                self._dram.written(entry)
-                self._dram.detach(entry)
-                self._activity.put_done()
+            slot.abort()
             raise
-        with lock_through_interrupts(self._lock):
-            self._dram.written(entry)
-            self._activity.put_done()
-            self._count_put(entry.size, elapsed)
-            if entry.detached:  # overwritten or removed while we copied
-                self._dram.release(entry)
-                return
-            self._dram.commit(entry)
-            self._listeners.stored(Tier.DRAM, [(k, entry.size, crc)])
-            self._offloader.on_committed(entry)
+        slot.commit(elapsed)
+
+    def reserve(self, key: Key, size: int, crc: int, *, overwrite: bool = False) -> Optional[PutSlot]:
+        """The first phase of a put (see :mod:`gdskv.store.writes`): a slot of ``size`` bytes
+        in the DRAM arena for a value whose :func:`~gdskv.tiers.backends.record.checksum` is
+        ``crc``, or None when these bytes are stored already. The caller copies the value into
+        ``slot.view()`` (or, attached to a node, into the shared arena at ``slot.offset``) and
+        ends the slot with ``commit()`` or ``abort()``; until then ``close()`` waits for it.
+        Raises what :meth:`put` raises."""
+        k = encode_key(key)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidValueError("a value size must be a positive integer", key=k[:64], got=size)
+        if isinstance(crc, bool) or not isinstance(crc, int) or not 0 <= crc < 1 << 32:
+            raise InvalidValueError("a CRC32C must be an integer in [0, 2**32)", key=k[:64], got=crc)
+        return self._writer.reserve(k, size, crc, overwrite)
 
     def _put_device(self, k: bytes, value: Any, overwrite: bool) -> None:
         """A put of a device buffer: copied device-to-device into HBM (see
         :mod:`gdskv.store.hbm_front`); the rules for an existing key are a host put's."""
         hbm = self._hbm
         size = hbm.value_size(k, value)
-        self._check_value_size(k, size)
+        self._writer.check_size(k, size)
         hbm.check_fits(k, size)
         with self._lock:
             self._check_accepting()
-            existing = self._existing(k, size, lambda: hbm.checksum_of(k, value), overwrite)
-            if existing is _SAME:
+            existing = self._writer.existing(k, size, lambda: hbm.checksum_of(k, value), overwrite)
+            if existing is SAME:
                 return
             self._activity.put_began()
             self._activity.device_put_began(k)  # other puts and removes of k wait for this one
@@ -231,7 +215,7 @@ class Store:
 
         try:
             t0 = time.perf_counter()
-            hbm.put(k, value, on_room=replace if existing is _REPLACE else None)
+            hbm.put(k, value, on_room=replace if existing is REPLACE else None)
             elapsed = time.perf_counter() - t0
         finally:
             self._activity.device_put_ended(k)
@@ -239,12 +223,7 @@ class Store:
                 self._activity.put_done()
         with self._lock:
             self._counters.add("hbm_puts")
-            self._count_put(size, elapsed)
-
-    def _count_put(self, size: int, seconds: float) -> None:
-        self._counters.add("puts")
-        self._counters.add("put_bytes", size)
-        self._counters.add("put_seconds", seconds)
+            self._writer.count_put(size, elapsed)
 
     def batch_put(self, keys: Sequence[Key], values: Sequence[Any], *, overwrite: bool = False) -> None:
         """Put each ``(key, value)`` pair; stops at the first error (earlier pairs stay stored)."""
@@ -293,57 +272,6 @@ class Store:
         if found:
             self._counters.add("removes")
         return found
-
-    def _check_value_size(self, k: bytes, size: int) -> None:
-        limit = self._dram.capacity
-        if size > limit:
-            raise ValueTooLargeError("value larger than the DRAM tier", key=k[:64], size=size, capacity=limit)
-        if self.config.has_ssd and record_size(len(k), size) > self.config.ssd_bytes:
-            raise ValueTooLargeError(
-                "value larger than the NVMe tier", key=k[:64], size=size, capacity=self.config.ssd_bytes
-            )
-
-    def _existing(self, k: bytes, size: int, crc: "int | Callable[[], int]", overwrite: bool) -> str:
-        """What a put of ``key`` finds (lock held): :data:`_ABSENT`, :data:`_SAME` (these
-        bytes are stored: nothing to do) or :data:`_REPLACE` (a different value, and
-        ``overwrite``; without it, :class:`KeyExistsError`).
-        ``crc`` is the new value's CRC, or a function computing it (a device value's CRC
-        needs a copy to the host: computed only when the answer depends on it). The same
-        bytes that another put is still copying in are waited for (a put returns once its
-        value is readable); a different value being copied in is treated as stored."""
-        while True:  # (each wait releases the lock: both are looked at again after either)
-            self._activity.await_device_put(k, self._check_accepting)
-            entry = self._dram.lookup(k)
-            if entry is None or entry.complete or (entry.size, entry.crc) != (size, crc):
-                break
-            self._activity.wait_for_copy()  # its put commits (or fails, detaching it) and notifies
-            self._check_accepting()
-        info = self._nvme.lookup(k)
-        hbm_size = self._hbm.size_of_key(k)
-        if entry is None and info is None and hbm_size is None:
-            return _ABSENT
-        if overwrite and callable(crc):
-            return _REPLACE
-        new = crc() if callable(crc) else crc
-        if hbm_size is not None:
-            same = hbm_size == size and self._hbm.stored_crc(k, hbm_size) == new
-        elif entry is not None:
-            same = (entry.size, entry.crc) == (size, new)
-        else:
-            same = info is not None and (info.size, info.crc) == (size, new)
-        if same:
-            self._counters.add("puts_idempotent")
-            return _SAME
-        if not overwrite:
-            raise KeyExistsError(
-                "a different value is stored under this key (pass overwrite=True to replace it)", key=k[:64]
-            )
-        return _REPLACE
-
-    def _why_full(self) -> Dict[str, object]:
-        """What a put that found no DRAM room is told of the offloader (lock held)."""
-        error = self._offloader.error
-        return {"offload_pending": self._offloader.queued(), "offload_error": str(error) if error else None}
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Wait until every queued offload is COMPLETE on SSD.
