@@ -100,6 +100,9 @@ class StoreConfig:
     #: fragmented host) more than offload speed matters; the I/O engines' staging (a few
     #: MiB per thread, allocated once) keeps the advice. Default True.
     dram_huge_pages: bool = True
+    #: Map the DRAM arena as shared memory (a memfd) that processes attached to a node map
+    #: too (:mod:`gdskv.local`); ``gdskv-node --socket`` sets it. Default False.
+    dram_shared: bool = False
     #: Byte cap of the NVMe tier (the backend's ``capacity``); 0 disables it (a DRAM-only
     #: cache). Default 20 GiB.
     ssd_bytes: int = 20 * GiB
@@ -182,6 +185,7 @@ class StoreConfig:
             raise ConfigError("must be a CUDA device index >= 0", field="hbm_device", got=self.hbm_device)
         check_flag("hbm_promote", self.hbm_promote)
         check_flag("dram_huge_pages", self.dram_huge_pages)
+        check_flag("dram_shared", self.dram_shared)
         check_count("promote_after_reads", self.promote_after_reads)
         check_choice("backend", self.backend, BACKENDS, field="backend")
         check_choice("io engine", self.io_engine, IO_ENGINES, field="io_engine")

@@ -92,19 +92,42 @@ def map_anonymous(nbytes: int, *, huge: bool = True) -> Tuple[mmap.mmap, bool]:
     it has huge pages to give: with THP ``never`` the advice is accepted and ignored).
     """
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mapping, _advise(mapping, nbytes, huge)
+
+
+def map_shared(nbytes: int, *, huge: bool = True, name: str = "gdskv") -> Tuple[mmap.mmap, int, bool]:
+    """Shared memory of ``nbytes`` (> 0) that other processes can map: an anonymous memory
+    file (``memfd_create``, close-on-exec) mapped ``MAP_SHARED``, zero-filled lazily. The
+    descriptor is what another process maps (it is passed over a Unix socket); the memory
+    lives while any process maps it or holds the descriptor. As in :func:`map_anonymous`,
+    a forked child does not inherit the mapping, and ``huge`` advises huge pages (shared
+    memory gets them only where ``/sys/kernel/mm/transparent_hugepage/shmem_enabled``
+    allows). Returns ``(mapping, descriptor, advised)``; the caller closes both."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        mapping = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return mapping, fd, _advise(mapping, nbytes, huge)
+
+
+def _advise(mapping: mmap.mmap, nbytes: int, huge: bool) -> bool:
+    """Not inherited by a forked child; with ``huge``, advised onto huge pages. Returns
+    whether the huge-page advice was accepted."""
     if hasattr(mmap, "MADV_DONTFORK"):
         try:
             mapping.madvise(mmap.MADV_DONTFORK)
         except OSError:  # not refused on Linux; other systems: inherited as usual
             pass
-    advised = False
     if huge and nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             mapping.madvise(mmap.MADV_HUGEPAGE)
-            advised = True
+            return True
         except OSError:  # a kernel built without transparent huge pages
-            advised = False
-    return mapping, advised
+            return False
+    return False
 
 
 class AlignedBuffer:

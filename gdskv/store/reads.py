@@ -29,6 +29,24 @@ from gdskv.tiers.dram import DramEntry, DramTier
 from gdskv.types import Tier
 
 
+class PinnedValue:
+    """What ``Store.pin`` found for a key. ``in_dram``: the value's ``size`` bytes are at
+    ``offset`` in the DRAM arena, neither evicted nor freed until given back with
+    ``Store.unpin``. Otherwise the value is in another tier (HBM, NVMe): read it with
+    ``get_into`` (``offset`` is -1)."""
+
+    __slots__ = ("size", "offset", "_entry")
+
+    def __init__(self, size: int, entry: Optional[DramEntry]) -> None:
+        self.size = size
+        self._entry = entry
+        self.offset = entry.offset if entry is not None else -1
+
+    @property
+    def in_dram(self) -> bool:
+        return self._entry is not None
+
+
 class TierReader:
     """Reads batches across the tiers (see the module docstring)."""
 
@@ -137,6 +155,32 @@ class TierReader:
         if nvme:
             self._read_nvme(ks, outs, nvme, results)
         return results
+
+    def pin(self, ks: List[bytes], rooms: List[int]) -> List[Optional["PinnedValue"]]:
+        """Per key, its DRAM value pinned in the arena, where it is in another tier, or None
+        on a miss (lock not held; see ``Store.pin``)."""
+        pins: List[Optional[PinnedValue]] = [None] * len(ks)
+        with self._lock:
+            self._check_sizes(ks, rooms, list(range(len(ks))))
+            hits = 0
+            for i, k in enumerate(ks):
+                entry = self._dram.readable(k)
+                if entry is not None:
+                    entry.readers += 1
+                    self._dram.touch(entry)
+                    pins[i] = PinnedValue(entry.size, entry)
+                    hits += 1
+                    continue
+                size = self.size_of(k)
+                if size is not None:
+                    pins[i] = PinnedValue(size, None)
+            self._counters.add("dram_hits", hits)
+            self._counters.add("misses", pins.count(None))
+        return pins
+
+    def unpin(self, pins: "List[PinnedValue]") -> None:
+        """Give back values of :meth:`pin` (lock held)."""
+        self._room.unpin([p._entry for p in pins if p._entry is not None])
 
     @contextlib.contextmanager
     def borrow(self, ks: List[bytes]) -> Iterator[List[Optional[Tuple[memoryview, int]]]]:

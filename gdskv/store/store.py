@@ -51,7 +51,7 @@ from gdskv.store.locking import lock_through_interrupts
 from gdskv.store.offloader import NullOffloader, Offloader
 from gdskv.store.parts import StoreParts
 from gdskv.store.promoter import Promoter
-from gdskv.store.reads import TierReader
+from gdskv.store.reads import PinnedValue, TierReader
 from gdskv.store.report import CheckReport, store_stats
 from gdskv.store.writes import SAME, REPLACE, PutSlot, Writer
 from gdskv.storedir import open_store_directory
@@ -106,7 +106,9 @@ class Store:
         self.recovery = None
         host = _Host(self)
         try:
-            self._dram = DramTier(config.dram_bytes, make_policy(config.eviction), huge_pages=config.dram_huge_pages)
+            self._dram = DramTier(
+                config.dram_bytes, make_policy(config.eviction), huge_pages=config.dram_huge_pages, shared=config.dram_shared
+            )
             if config.has_ssd:
                 self._engine = engine if engine is not None else config.io.build(self.path)
                 engine = None
@@ -420,6 +422,24 @@ class Store:
         until the block ends; do not keep the views beyond it."""
         with self._reader.borrow([encode_key(k) for k in sequence_arg(keys, "keys")]) as views:
             yield views
+
+    def pin(self, keys: Sequence[Key], rooms: Sequence[int]) -> List[Optional[PinnedValue]]:
+        """Per key, what the store holds, for a caller that copies DRAM values out of the
+        arena itself (a process attached to a node, through the shared arena): a
+        :class:`~gdskv.store.reads.PinnedValue` that is ``in_dram`` (pinned at its offset
+        until :meth:`unpin`), one that is not (in HBM or on NVMe, with its size: read it with
+        :meth:`get_into`), or None (a miss). A DRAM hit counts as one here; the other tiers
+        count when read. Raises :class:`InvalidValueError` when a value is larger than its
+        ``rooms`` entry (nothing is pinned then)."""
+        ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
+        if len(sequence_arg(rooms, "rooms")) != len(ks):
+            raise InvalidValueError("keys and rooms differ in length", keys=len(ks), rooms=len(rooms))
+        return self._reader.pin(ks, list(rooms))
+
+    def unpin(self, pins: Sequence[PinnedValue]) -> None:
+        """Give back values of :meth:`pin`: from now on they may be evicted or freed."""
+        with lock_through_interrupts(self._lock):
+            self._reader.unpin(list(pins))
 
     def promote(self, key: Key) -> bool:
         """Copy an NVMe-only object into DRAM now, if DRAM is below its high watermark.

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import enum
 import mmap
+import os
 from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
 from gdskv.errors import ConfigError
-from gdskv.gds.aligned import DIRECT_ALIGN, map_anonymous
+from gdskv.gds.aligned import DIRECT_ALIGN, map_anonymous, map_shared
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.policies import EvictionPolicy
 
@@ -54,6 +55,13 @@ def alloc_arena(nbytes: int, *, huge_pages: bool = True) -> "tuple[mmap.mmap, bo
     Returns ``(mapping, advised)``. ``benchmarks/bench_io.py`` places its values in memory
     from here too."""
     return map_anonymous(nbytes, huge=huge_pages)
+
+
+def alloc_shared_arena(nbytes: int, *, huge_pages: bool = True) -> "tuple[mmap.mmap, int, bool]":
+    """An arena that other processes can map (:func:`gdskv.gds.aligned.map_shared`): the
+    arena of a node that processes on its host attach to (:mod:`gdskv.local`). Returns
+    ``(mapping, descriptor, advised)``."""
+    return map_shared(nbytes, huge=huge_pages, name="gdskv-dram-arena")
 
 
 class SsdState(enum.Enum):
@@ -88,11 +96,17 @@ class DramEntry:
 class DramTier:
     """Arena + allocator + entries + eviction order. See the module docstring."""
 
-    def __init__(self, capacity: int, policy: EvictionPolicy, *, huge_pages: bool = True) -> None:
+    def __init__(self, capacity: int, policy: EvictionPolicy, *, huge_pages: bool = True, shared: bool = False) -> None:
+        """``shared``: the arena is shared memory whose descriptor is :attr:`shared_fd`
+        (:func:`alloc_shared_arena`); else private memory, and :attr:`shared_fd` is -1."""
         self.allocator = OffsetAllocator(capacity, alignment=DRAM_ALIGNMENT)
         self.capacity = self.allocator.capacity
+        self.shared_fd = -1
         try:
-            self._mmap, self.huge_pages_advised = alloc_arena(self.capacity, huge_pages=huge_pages)
+            if shared:
+                self._mmap, self.shared_fd, self.huge_pages_advised = alloc_shared_arena(self.capacity, huge_pages=huge_pages)
+            else:
+                self._mmap, self.huge_pages_advised = alloc_arena(self.capacity, huge_pages=huge_pages)
         except OSError as exc:  # e.g. more than this machine can map
             raise ConfigError(
                 f"cannot map a DRAM arena of {self.capacity} bytes: {exc.strerror}", capacity=self.capacity, errno=exc.errno
@@ -206,4 +220,7 @@ class DramTier:
             self._mmap.close()
         except BufferError:
             pass  # a caller still holds a view; the mapping goes when it does
+        if self.shared_fd >= 0:
+            os.close(self.shared_fd)  # processes that mapped it keep their mapping
+            self.shared_fd = -1
 
