@@ -33,6 +33,7 @@ from gdskv.errors import (
     InvalidValueError,
     IoError,
     KeyExistsError,
+    NodeUnavailableError,
     NoSpaceError,
     StoreClosedError,
     StoreLockedError,
@@ -45,6 +46,7 @@ from gdskv.types import Tier
 
 if TYPE_CHECKING:
     from gdskv.client import Client
+    from gdskv.local.client import AttachedStore
 
 __version__ = "0.1.0"
 
@@ -107,6 +109,18 @@ def connect(master: str, *, local: Optional[Store] = None, **options: Any) -> "C
     return Client(master, local=local, config=config)
 
 
+def attach(path: "str | os.PathLike[str]", **options: Any) -> "AttachedStore":
+    """Attach to the node serving ``path`` on this host (``gdskv-node --socket``): its socket,
+    or its store directory (``node.sock`` in it). The store API is :class:`KVStore`, as for
+    :func:`open`; values are copied through shared memory, never through the socket (see
+    :mod:`gdskv.local`). ``options``: ``connections`` (most at once, default 8) and
+    ``timeout_s`` (of one call, default 30). :class:`NodeUnavailableError` when no node
+    serves there."""
+    from gdskv.local.client import AttachedStore
+
+    return AttachedStore(path, **options)
+
+
 def __getattr__(name: str) -> Any:
     if name == "Client":  # imported on first use: it brings in gRPC
         from gdskv.client import Client
@@ -128,6 +142,7 @@ __all__ = [
     "KVStore",
     "KeyExistsError",
     "NoSpaceError",
+    "NodeUnavailableError",
     "Store",
     "StoreClosedError",
     "StoreConfig",
@@ -135,6 +150,7 @@ __all__ = [
     "Tier",
     "TimedOutError",
     "ValueTooLargeError",
+    "attach",
     "connect",
     "format_size",
     "open",

@@ -74,6 +74,11 @@ class FormatVersionError(GdskvError):
     """A directory or record was written by a format version this build cannot read."""
 
 
+class NodeUnavailableError(GdskvError):
+    """No node serves the socket a process attaches to, or the node went away (the next call
+    connects again)."""
+
+
 class IoError(GdskvError, OSError):
     """An I/O call failed or returned short; carries path/fd, offset and length."""
 
@@ -103,4 +108,5 @@ class PeerDisconnectedError(TransportError):
 
 
 class ProtocolError(TransportError):
-    """A data-plane frame is malformed: bad magic, version, checksum, or a length over a limit."""
+    """A frame of the data plane or of a node's attach socket is malformed: bad magic,
+    version, checksum, a length over a limit, an id the connection does not hold."""

@@ -7,6 +7,7 @@ import pytest
 
 import gdskv
 from gdskv.kvstore import KVStore
+from gdskv.local import AttachedStore
 
 PROTOCOL_METHODS = sorted(
     name for name, member in vars(KVStore).items()
@@ -21,7 +22,7 @@ def test_the_protocol_names_the_whole_shared_api():
     ])
 
 
-@pytest.mark.parametrize("cls", [gdskv.Store, gdskv.Client], ids=["Store", "Client"])
+@pytest.mark.parametrize("cls", [gdskv.Store, gdskv.Client, AttachedStore], ids=["Store", "Client", "AttachedStore"])
 def test_both_kinds_implement_every_method_with_its_parameters(cls):
     for name in PROTOCOL_METHODS:
         method = getattr(cls, name, None)

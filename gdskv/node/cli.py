@@ -1,15 +1,23 @@
 """``gdskv-node``: run a node daemon.
 
     gdskv-node --master 127.0.0.1:50051 --dram 8GiB --ssd /var/tmp/kv:100GiB --listen 127.0.0.1:0
+    gdskv-node --socket --dram 8GiB --ssd /var/tmp/kv:100GiB          # one host, no cluster
+    gdskv-node --master 127.0.0.1:50051 --socket --dram 8GiB --ssd /var/tmp/kv:100GiB
 
 The store lives in the ``--ssd`` directory (``DIR:0`` for a DRAM-only node); reopening it
 recovers every intact object on NVMe, and the node registers all of them with the master.
 Other :class:`StoreConfig` fields are set with ``--set field=value`` (repeatable).
 
-Prints JSON lines to stdout: ``{"event": "listening", "node_id", "address"}`` once the data
-server is up, ``{"event": "registered", "objects"}`` once the master knows every replica
-(the master may come later: the node keeps trying). SIGTERM/SIGINT: deregister, close the
-store (DRAM-only objects are written to SSD first), exit 0.
+``--master`` joins a cluster (the data server serves peers); ``--socket [PATH]`` serves the
+processes of this host that attach with :func:`gdskv.attach` (:mod:`gdskv.local`; default
+path: ``node.sock`` in the store directory, mode ``--socket-mode``, default 600). A node
+takes either or both.
+
+Prints JSON lines to stdout: ``{"event": "attachable", "socket"}`` once the socket serves,
+``{"event": "listening", "node_id", "address"}`` once the data server is up,
+``{"event": "registered", "objects"}`` once the master knows every replica (the master may
+come later: the node keeps trying). SIGTERM/SIGINT: end the attached sessions, deregister,
+close the store (DRAM-only objects are written to SSD first), exit 0.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import gdskv
 from gdskv.config import parse_size
 from gdskv.errors import ConfigError, GdskvError
+from gdskv.local.server import LocalServer
 from gdskv.node.config import ClusterConfig
 from gdskv.node.node import Node
 
@@ -58,7 +67,13 @@ def _coerce(raw: str) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gdskv-node", description="A gdskv node: a tiered store serving its peers.")
-    p.add_argument("--master", required=True, help="host:port of gdskv-master")
+    p.add_argument("--master", default=None, help="host:port of gdskv-master (join a cluster)")
+    p.add_argument(
+        "--socket", nargs="?", const="", default=None, metavar="PATH",
+        help="serve processes of this host on a Unix socket (default PATH: node.sock in the store directory)",
+    )
+    p.add_argument("--socket-mode", default="600", help="permissions of the socket file, octal (default 600)")
+    p.add_argument("--staging", default="256MiB", help="shared room for reads from NVMe by attached processes")
     p.add_argument("--dram", required=True, help="DRAM tier capacity, e.g. 8GiB")
     p.add_argument("--ssd", required=True, help="DIR:SIZE of the NVMe tier, e.g. /var/tmp/kv:100GiB")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port of the data server (port 0: any)")
@@ -80,6 +95,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        if args.master is None and args.socket is None:
+            raise ConfigError("a node needs --master (join a cluster), --socket (serve this host), or both")
         path, ssd = parse_ssd(args.ssd)
         config = ClusterConfig(
             listen=args.listen,
@@ -88,29 +105,53 @@ def main(argv: Optional[List[str]] = None) -> int:
             connections=args.connections,
             heartbeat_s=args.heartbeat_s,
         )
-        store = gdskv.open(path, dram=args.dram, ssd=ssd, **parse_sets(args.sets))
+        socket_mode = _parse_mode(args.socket_mode)
+        staging = parse_size(args.staging, field="staging")
+        sets = parse_sets(args.sets)
+        if args.socket is not None:
+            sets["dram_shared"] = True
+        store = gdskv.open(path, dram=args.dram, ssd=ssd, **sets)
     except GdskvError as exc:
         print(f"gdskv-node: error: {exc}", file=sys.stderr)
         return 2
-    node = Node(store, args.master, config)
+    node = Node(store, args.master, config) if args.master is not None else None
+    local: Optional[LocalServer] = None
     status = 0
     try:
-        address = node.start()
-        _emit(event="listening", node_id=node.node_id, address=address, master=args.master)
-        announcer = threading.Thread(target=_announce, args=(node, stop), daemon=True)
-        announcer.start()
+        if args.socket is not None:
+            describe = {"node_id": node.node_id} if node is not None else {}
+            local = LocalServer(store, args.socket or None, mode=socket_mode, staging_bytes=staging, describe=describe)
+            _emit(event="attachable", socket=str(local.start()))
+        if node is not None:
+            address = node.start()
+            _emit(event="listening", node_id=node.node_id, address=address, master=args.master)
+            announcer = threading.Thread(target=_announce, args=(node, stop), daemon=True)
+            announcer.start()
         stop.wait()
     except GdskvError as exc:
         print(f"gdskv-node: error: {exc}", file=sys.stderr)
         status = 2
     finally:
-        node.close()
+        if local is not None:
+            local.close()
+        if node is not None:
+            node.close()
         try:
             store.close()
         except GdskvError as exc:  # e.g. the disk was full: objects that were only in DRAM are lost
             print(f"gdskv-node: error while closing the store: {exc}", file=sys.stderr)
             status = status or 1
     return status
+
+
+def _parse_mode(raw: str) -> int:
+    try:
+        mode = int(raw, 8)
+    except ValueError:
+        raise ConfigError("--socket-mode must be octal permission bits such as 600 or 660", got=raw) from None
+    if not 0 <= mode <= 0o777:
+        raise ConfigError("--socket-mode must be octal permission bits such as 600 or 660", got=raw)
+    return mode
 
 
 def _announce(node: Node, stop: threading.Event) -> None:
