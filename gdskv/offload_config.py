@@ -4,6 +4,8 @@ A frozen, keyword-only dataclass validated on construction (a :class:`ConfigErro
 field). A store's is ``StoreConfig.offloader``, built from the flat fields ``offload``
 (:attr:`OffloaderConfig.policy`), ``high_watermark``, ``low_watermark``, ``bucket_bytes``,
 ``bucket_max_keys``, ``bucket_max_age_s`` and ``offload_retry_s`` (see :mod:`gdskv.config`).
+The store's :class:`~gdskv.store.offloader.Offloader` is configured by it, given besides
+only the NVMe tier's byte cap; the promoter takes its ``high_watermark``.
 """
 
 from __future__ import annotations

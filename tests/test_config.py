@@ -201,6 +201,7 @@ def test_open_keywords_and_environment_reach_the_component_configs(tmp_path, mon
         assert store.config.nvme_backend == FilePerKeyConfig(capacity=8 * MiB, sync="file")
         assert store.config.io == PsyncConfig(threads=2)
         assert store.config.offloader.bucket_max_keys == 5
+        assert store.parts.offloader.config is store.config.offloader
         stats = store.stats()
     assert stats["nvme"]["sync"] == "file" and stats["io_engine"]["threads"] == 2
     with pytest.raises(ConfigError) as info:

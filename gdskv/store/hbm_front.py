@@ -33,8 +33,10 @@ The front is a component of the store: it owns the HBM tier (built on the store'
 the tier, the DRAM tier and the sink never take locks in different orders), the page-locking
 of the DRAM arena, its figures, and the staging of NVMe reads bound for device buffers. It
 reads the DRAM tier and the NVMe backend below it (never writes them but through the sink)
-and tells the store through an :class:`HbmHost`. A caller holding the store lock must never
-call :meth:`HbmFront.put` (it can wait for evictions, which need the offloader).
+and tells the store through an :class:`HbmHost`. It is given the three settings it needs
+(the HBM eviction policy, whether to promote, the put timeout), not the store's config. A
+caller holding the store lock must never call :meth:`HbmFront.put` (it can wait for
+evictions, which need the offloader).
 :class:`NullHbmFront` is the null object for a store without an HBM tier.
 """
 
@@ -78,12 +80,16 @@ class HbmFront:
     present = True
 
     def __init__(
-        self, pool: DevicePool, config: Any, dram: DramTier, nvme: Any, host: HbmHost, *, lock: "threading.RLock"
+        self, pool: DevicePool, dram: DramTier, nvme: Any, host: HbmHost, *, lock: "threading.RLock",
+        eviction: str, promote: bool, put_timeout_s: float,
     ) -> None:
         """``pool``: the device memory (owned from now on: closed with the front).
-        ``config``: the store's (``hbm_eviction``, ``hbm_promote``, ``put_timeout_s``).
-        ``dram``, ``nvme``: the tiers below, read only (lookups, views, the sink's slots)."""
-        self.config = config
+        ``dram``, ``nvme``: the tiers below, read only (lookups, views, the sink's slots).
+        ``eviction``: the HBM tier's eviction policy (a store's ``hbm_eviction``).
+        ``promote``: keep in HBM a copy of what a device buffer read from below, when HBM
+        has free room (``hbm_promote``). ``put_timeout_s``: how long a device put waits for
+        room (the store's)."""
+        self._promote = promote
         self._dram = dram
         self._nvme = nvme
         self._host = host
@@ -96,7 +102,7 @@ class HbmFront:
             except Exception as exc:  # noqa: BLE001 - unpinned copies still work, synchronously
                 log.warning("gdskv: could not page-lock the DRAM arena for the HBM tier: %s", exc)
         sink = DramSink(dram, lock, on_published=self._published, make_room=host.make_room)
-        self.tier = HbmTier(pool, sink, policy=config.hbm_eviction, put_timeout_s=config.put_timeout_s, lock=lock)
+        self.tier = HbmTier(pool, sink, policy=eviction, put_timeout_s=put_timeout_s, lock=lock)
         self.pool = pool
 
     # -- what the store asks ----------------------------------------------------------
@@ -172,7 +178,7 @@ class HbmFront:
 
     def copy_to_device(self, k: bytes, host: memoryview, out: Any, *, crc: int, pinned: bool = False) -> Completion:
         """Fill the device buffer ``out`` with ``host`` (a value read from DRAM or NVMe) and,
-        with ``hbm_promote``, keep a copy in HBM when it has free room. With ``pinned``
+        with ``promote``, keep a copy in HBM when it has free room. With ``pinned``
         (``host`` lies in the page-locked DRAM arena) the copy is asynchronous: ``host``
         must stay as it is until the returned completion is done. ``crc``: the CRC32C of
         ``host`` (the DRAM entry's, or the one an NVMe read was verified against). A
@@ -186,7 +192,7 @@ class HbmFront:
             pool.upload(host, out)
             copied = DONE
         busy = self._host.device_put_in_progress
-        if not self.config.hbm_promote or tier.size_of_key(k) is not None or busy(k):
+        if not self._promote or tier.size_of_key(k) is not None or busy(k):
             return copied
         lower = (host.nbytes, crc)
 

@@ -7,13 +7,19 @@ objects when DRAM passes its high watermark. One thread waits until a batch is d
 *outside* the lock from pinned DRAM views, and then commits it (the DRAM copies become
 evictable) or keeps it queued at the front and pauses for ``offload_retry_s``.
 
+It is configured by its own :class:`~gdskv.offload_config.OffloaderConfig` (a store's is
+``StoreConfig.offloader``: the policy, the watermarks, the batch limits, the retry pause),
+never by a ``StoreConfig``; the one figure of another tier it needs, the NVMe tier's byte cap
+(``ssd_bytes``: a batch takes at most a quarter of it), is passed on its own.
+
 What it owns: the queue, the batch in flight, the copies left on SSD by values removed
 meanwhile (taken back out), the last error and the disk-full state, the thread, and its
-figures (:meth:`Offloader.stats`). What it is given: the store's lock and condition (one lock
-guards the DRAM tier the entries live in, so the two never take locks in different orders),
-the DRAM tier, the NVMe backend, and an :class:`OffloadHost`, the narrow interface through
-which it tells the store what happened. Every method but :meth:`Offloader.start` and
-:meth:`Offloader.join` is called with the lock held.
+figures (:meth:`Offloader.stats`). What it is given besides its config and that cap: the
+store's lock and condition (one lock guards the DRAM tier the entries live in, so the two
+never take locks in different orders), the DRAM tier, the NVMe backend, and an
+:class:`OffloadHost`, the narrow interface through which it tells the store what happened.
+Every method but :meth:`Offloader.start` and :meth:`Offloader.join` is called with the lock
+held.
 
 :class:`NullOffloader` is the null object for a store without an NVMe tier.
 """
@@ -29,6 +35,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Set
 
 from gdskv.errors import GdskvError, IoError, TimedOutError
 from gdskv.metrics import Counters, rate
+from gdskv.offload_config import OffloaderConfig
 from gdskv.store.offload_rule import batch_due, batch_full, batch_limit_bytes
 from gdskv.tiers.backends.record import record_size
 from gdskv.tiers.dram import DramEntry, DramTier, SsdState
@@ -56,11 +63,17 @@ class Offloader:
     """The store's queue to SSD and the thread that empties it (see the module docstring)."""
 
     def __init__(
-        self, cfg: Any, dram: DramTier, backend: Any, host: OffloadHost, *, cond: threading.Condition
+        self, config: OffloaderConfig, dram: DramTier, backend: Any, host: OffloadHost, *,
+        ssd_bytes: int, cond: threading.Condition,
     ) -> None:
-        """``cfg``: the offloader's fields (``offload``, ``bucket_*``, ``offload_retry_s``,
-        the watermarks, ``ssd_bytes``). ``cond``: the store's condition, on its lock."""
-        self.cfg = cfg
+        """``config``: how it offloads (``policy``, the watermarks, ``bucket_*``,
+        ``offload_retry_s``). ``ssd_bytes``: the NVMe tier's byte cap (a batch takes at most
+        a quarter of it, :func:`~gdskv.store.offload_rule.batch_limit_bytes`).
+        ``backend``: the NVMe backend (``write`` and ``remove``). ``cond``: the store's
+        condition, on its lock."""
+        self.config = config
+        #: The most record bytes one batch takes (the config and the cap are fixed).
+        self._batch_limit = batch_limit_bytes(config, ssd_bytes)
         self._dram = dram
         self._backend = backend
         self._host = host
@@ -105,9 +118,9 @@ class Offloader:
     def on_committed(self, entry: DramEntry) -> None:
         """A DRAM object became readable with no copy on SSD: under ``eager`` it is queued;
         under ``watermark`` the thread looks at DRAM usage when it passes the high watermark."""
-        if self.cfg.offload == "eager":
+        if self.config.policy == "eager":
             self.enqueue(entry)
-        elif self._dram.used > self.cfg.high_watermark * self._dram.capacity:
+        elif self._dram.used > self.config.high_watermark * self._dram.capacity:
             self._cond.notify_all()
 
     def enqueue(self, entry: DramEntry) -> None:
@@ -116,7 +129,7 @@ class Offloader:
         entry.queued_at = time.monotonic()
         self._pending.append(entry)
         self._pending_bytes += entry.size
-        if len(self._pending) == 1 or batch_full(self._pending_bytes, len(self._pending), self.cfg):
+        if len(self._pending) == 1 or batch_full(self._pending_bytes, len(self._pending), self.config):
             self._cond.notify_all()
 
     def evictable(self, entry: DramEntry) -> bool:
@@ -151,7 +164,7 @@ class Offloader:
         first queue what the policy selects now. Raises the error of a batch that fails
         meanwhile. ``check()`` after each wait (the store's: raises once it is closed)."""
         failures = self.failures
-        if self.cfg.offload == "watermark" and not self._draining:
+        if self.config.policy == "watermark" and not self._draining:
             self._select()
         self._flush_waiters += 1
         self._cond.notify_all()
@@ -197,7 +210,7 @@ class Offloader:
     def stats(self) -> Dict[str, Any]:
         c = self._counters.snapshot()
         return {
-            "policy": self.cfg.offload,
+            "policy": self.config.policy,
             "objects": int(c.get("offloaded", 0)),
             "bytes": int(c.get("offloaded_bytes", 0)),
             "bytes_per_s": rate(c.get("offloaded_bytes", 0), c.get("offload_seconds", 0)),
@@ -244,11 +257,11 @@ class Offloader:
 
     def _next_batch(self) -> Optional[List[DramEntry]]:
         """Wait until a batch is due; take its entries. None: stop."""
-        cfg = self.cfg
+        cfg = self.config
         while True:
             if self._stopped:
                 return None
-            if cfg.offload == "watermark":
+            if cfg.policy == "watermark":
                 self._select()
             now = time.monotonic()
             timeout: Optional[float] = None
@@ -267,10 +280,10 @@ class Offloader:
             self._cond.wait(timeout)
 
     def _take(self) -> List[DramEntry]:
-        limit = batch_limit_bytes(self.cfg)
+        limit = self._batch_limit
         batch: List[DramEntry] = []
         nbytes = 0
-        while self._pending and len(batch) < self.cfg.bucket_max_keys:
+        while self._pending and len(batch) < self.config.bucket_max_keys:
             entry = self._pending[0]
             if batch and nbytes + record_size(len(entry.key), entry.size) > limit:
                 break
@@ -296,8 +309,8 @@ class Offloader:
         self._counters.add("offloaded", len(batch))
         self._counters.add("offloaded_bytes", sum(e.size for e in batch))
         self._counters.add("offload_seconds", elapsed)
-        if self.cfg.offload == "watermark":
-            low = self.cfg.low_watermark * self._dram.capacity
+        if self.config.policy == "watermark":
+            low = self.config.low_watermark * self._dram.capacity
             self._host.evict_until(lambda: self._dram.used <= low)
         self._take_back(stale)  # last, as it can fail
 
@@ -308,7 +321,7 @@ class Offloader:
         self.error = error
         self.failures += 1
         self._host.on_write_ended()  # a write can evict before it fails
-        pause = self.cfg.offload_retry_s
+        pause = self.config.offload_retry_s
         self._paused_until = time.monotonic() + pause
         log.warning("gdskv: offload of %d objects failed, retrying in %.1fs: %s", len(batch), pause, error)
         for entry in reversed(batch):
@@ -358,9 +371,9 @@ class Offloader:
         put waits for room and nothing is being offloaded, queue at least one batch."""
         cap = self._dram.capacity
         waiting = self._host.waiting_for_room()
-        if self._dram.used <= self.cfg.high_watermark * cap and not waiting:
+        if self._dram.used <= self.config.high_watermark * cap and not waiting:
             return
-        low = self.cfg.low_watermark * cap
+        low = self.config.low_watermark * cap
         self._host.evict_until(lambda: self._dram.used <= low)
         projected = self._dram.used - self._pending_bytes - sum(e.size for e in self._inflight)
         target = low
@@ -368,7 +381,7 @@ class Offloader:
             # A waiting put needs a free extent that usage does not show (the arena can be
             # fragmented below the low watermark): queue at least one batch of the coldest
             # DRAM-only objects, so that evicting them can make room.
-            target = min(low, projected - max(1, batch_limit_bytes(self.cfg)))
+            target = min(low, projected - max(1, self._batch_limit))
         if projected <= target:
             return
         chosen = []
@@ -385,7 +398,8 @@ class Offloader:
 
 class NullOffloader:
     """The offloader of a store without an NVMe tier: nothing is queued, and every DRAM
-    object is evictable (evicting drops it: the cache's job, counted by the store)."""
+    object is evictable (evicting drops it: the cache's job, counted by the store). It takes
+    no config: with no NVMe tier, no offload setting applies."""
 
     error: Optional[GdskvError] = None
     failures = 0

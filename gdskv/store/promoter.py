@@ -1,7 +1,7 @@
 """Promotion: an NVMe-only object read often enough is copied back into DRAM.
 
-An object read from NVMe ``promote_after_reads`` times (0: never) is copied into DRAM while
-DRAM is below its high watermark; the master's promotion tasks ask for it at once
+An object read from NVMe ``after_reads`` times (0: never) is copied into DRAM while DRAM
+is below the offloader's high watermark; the master's promotion tasks ask for it at once
 (:meth:`Promoter.promote_now`). The copy is made only if the bytes read are still the stored
 value (a key can be overwritten meanwhile); it is committed as already safe on SSD, and the
 listeners hear of it. Nothing is evicted to make room for a promotion.
@@ -23,12 +23,15 @@ class Promoter:
     """Counts reads of NVMe objects and promotes them (see the module docstring)."""
 
     def __init__(
-        self, config: Any, dram: DramTier, nvme: Any, lock: "threading.RLock", counters: Counters, listeners: Listeners
+        self, dram: DramTier, nvme: Any, lock: "threading.RLock", counters: Counters, listeners: Listeners, *,
+        after_reads: int, high_watermark: float,
     ) -> None:
-        """``config``: ``promote_after_reads`` and ``high_watermark``. ``counters``: where
-        ``promoted`` and ``promoted_bytes`` are counted (the store's)."""
-        self._after = config.promote_after_reads
-        self._high = config.high_watermark
+        """``after_reads``: the NVMe reads of an object that promote it, >= 0 (0: never; a
+        store's ``promote_after_reads``). ``high_watermark``: the DRAM usage fraction a
+        promotion must stay within (the offloader's, ``OffloaderConfig.high_watermark``).
+        ``counters``: where ``promoted`` and ``promoted_bytes`` are counted (the store's)."""
+        self._after = after_reads
+        self._high = high_watermark
         self._dram = dram
         self._nvme = nvme
         self._lock = lock

@@ -115,7 +115,9 @@ class Store:
                 self._nvme = config.nvme_backend.build(self.path, self._engine)
                 self.recovery = self._nvme.recover()
                 self._nvme.evict_listener = self._nvme_evicting
-                self._offloader = Offloader(config, self._dram, self._nvme, host, cond=self._cond)
+                self._offloader = Offloader(
+                    config.offloader, self._dram, self._nvme, host, ssd_bytes=config.ssd_bytes, cond=self._cond
+                )
             elif engine is not None:  # no NVMe tier: nothing to move bytes for
                 engine.close()
                 engine = None
@@ -123,13 +125,19 @@ class Store:
                 from gdskv.tiers.devpool import TorchCudaPool
 
                 hbm_pool = TorchCudaPool(config.hbm_bytes, device=config.hbm_device)
-            self._promoter = Promoter(config, self._dram, self._nvme, self._lock, self._counters, self._listeners)
+            self._promoter = Promoter(
+                self._dram, self._nvme, self._lock, self._counters, self._listeners,
+                after_reads=config.promote_after_reads, high_watermark=config.offloader.high_watermark,
+            )
             self._room = DramRoom(
                 self._dram, self._cond, self._counters, self._listeners,
                 evictable=self._offloader.evictable, evicted=self._promoter.forget,
             )
             if hbm_pool is not None:
-                self._hbm = HbmFront(hbm_pool, config, self._dram, self._nvme, host, lock=self._lock)
+                self._hbm = HbmFront(
+                    hbm_pool, self._dram, self._nvme, host, lock=self._lock, eviction=config.hbm_eviction,
+                    promote=config.hbm_promote, put_timeout_s=config.put_timeout_s,
+                )
                 hbm_pool = None
             self._writer = Writer(
                 config, self._lock, self._dram, self._nvme, self._hbm, room=self._room, activity=self._activity,

@@ -161,10 +161,10 @@ class TierSimulator:
         # The store's offloader takes a batch once the queue is full (offload_rule.batch_full);
         # a batch takes records (on-disk sizes) while they fit in batch_limit_bytes, and at
         # least one.
-        limit = batch_limit_bytes(cfg)
+        limit = batch_limit_bytes(cfg.offloader, cfg.ssd_bytes)
         per_bucket = min(cfg.bucket_max_keys, max(1, limit // self.record_bytes))
         self.bucket_blocks = per_bucket
-        self._due_n = keys_per_full_batch(size, cfg)
+        self._due_n = keys_per_full_batch(size, cfg.offloader)
         if self.has_ssd and self.record_bytes > cfg.ssd_bytes:
             raise ConfigError(
                 "a block is larger than the NVMe tier",

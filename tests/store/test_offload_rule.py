@@ -3,10 +3,12 @@ offloader and the trace simulator share."""
 
 import pytest
 
-from gdskv.config import MiB, StoreConfig
+from gdskv.config import MiB
+from gdskv.offload_config import OffloaderConfig
 from gdskv.store.offload_rule import batch_due, batch_full, batch_limit_bytes, keys_per_full_batch
 
-CFG = StoreConfig(bucket_bytes=8 * MiB, bucket_max_keys=16, bucket_max_age_s=0.2, ssd_bytes=64 * MiB)
+CFG = OffloaderConfig(bucket_bytes=8 * MiB, bucket_max_keys=16, bucket_max_age_s=0.2)
+SSD_BYTES = 64 * MiB
 
 
 def test_a_batch_is_full_by_bytes_or_by_keys():
@@ -30,8 +32,8 @@ def test_a_batch_is_due_when_full_old_or_waited_for(queued_bytes, keys, age, wai
 
 
 def test_a_batch_takes_at_most_a_bucket_and_a_quarter_of_the_ssd():
-    assert batch_limit_bytes(CFG) == 8 * MiB
-    assert batch_limit_bytes(CFG.replace(ssd_bytes=16 * MiB)) == 4 * MiB
+    assert batch_limit_bytes(CFG, SSD_BYTES) == 8 * MiB
+    assert batch_limit_bytes(CFG, 16 * MiB) == 4 * MiB
 
 
 @pytest.mark.parametrize("size", [1, 4096, 1 * MiB, 3 * MiB, 8 * MiB, 9 * MiB])

@@ -1,5 +1,6 @@
 """The offloader on its own (gdskv/store/offloader.py): a real DRAM tier, an in-memory
-backend that records what it is given, and a host that records what it is told. No store.
+backend that records what it is given, and a host that records what it is told. No store:
+it is configured by an OffloaderConfig and the NVMe tier's byte cap alone.
 
 The store-level behaviour (durability, back-pressure, races with removes) is tested through
 the store in tests/store/ and tests/store/test_concurrency.py; these tests pin down the
@@ -12,8 +13,9 @@ from typing import Callable, List
 
 import pytest
 
-from gdskv.config import KiB, MiB, StoreConfig
+from gdskv.config import KiB, MiB
 from gdskv.errors import IoError, TimedOutError
+from gdskv.offload_config import OffloaderConfig
 from gdskv.store.offloader import NullOffloader, Offloader
 from gdskv.tiers.backends.record import checksum
 from gdskv.tiers.dram import DramTier, SsdState
@@ -80,9 +82,8 @@ def parts():
     host = RecordingHost(dram)
     made = []
 
-    def make(**fields):
-        cfg = StoreConfig(dram_bytes=4 * MiB, ssd_bytes=64 * MiB, **fields)
-        offloader = Offloader(cfg, dram, backend, host, cond=cond)
+    def make(ssd_bytes=64 * MiB, **fields):
+        offloader = Offloader(OffloaderConfig(**fields), dram, backend, host, ssd_bytes=ssd_bytes, cond=cond)
         offloader.start()
         made.append(offloader)
         return offloader
@@ -169,7 +170,7 @@ def test_a_value_removed_while_its_batch_is_written_is_taken_back_out(parts):
 
 def test_watermark_offload_queues_the_coldest_above_the_high_watermark(parts):
     make, dram, backend, host, cond = parts
-    offloader = make(offload="watermark", high_watermark=0.5, low_watermark=0.25, bucket_bytes=4 * MiB)
+    offloader = make(policy="watermark", high_watermark=0.5, low_watermark=0.25, bucket_bytes=4 * MiB)
     with cond:
         entries = [committed(dram, f"k{i}".encode(), 512 * KiB, i) for i in range(5)]  # 2.5 of 4 MiB
         for entry in entries:
@@ -178,6 +179,17 @@ def test_watermark_offload_queues_the_coldest_above_the_high_watermark(parts):
         written = [k for batch in backend.batches for k in batch]
         assert written[:2] == [b"k0", b"k1"]  # the coldest first
         assert dram.used <= 0.25 * dram.capacity  # evicted down to the low watermark once written
+
+
+def test_a_batch_takes_at_most_a_quarter_of_the_ssd_bytes_it_is_given(parts):
+    make, dram, backend, host, cond = parts
+    offloader = make(ssd_bytes=4 * MiB, bucket_bytes=4 * MiB, bucket_max_age_s=60.0)  # a batch: 1 MiB of records
+    with cond:
+        for i in range(3):  # a record (512 KiB and its header) is over half of a batch
+            offloader.on_committed(committed(dram, f"k{i}".encode(), 512 * KiB))
+        offloader.flush(time.monotonic() + 10, check=lambda: None)
+        assert backend.batches == [[b"k0"], [b"k1"], [b"k2"]]
+        assert offloader.config == OffloaderConfig(bucket_bytes=4 * MiB, bucket_max_age_s=60.0)
 
 
 def test_a_flush_past_its_deadline_is_a_timeout(parts):
