@@ -140,7 +140,8 @@ class Store:
                 )
                 hbm_pool = None
             self._writer = Writer(
-                config, self._lock, self._dram, self._nvme, self._hbm, room=self._room, activity=self._activity,
+                self._lock, self._dram, self._nvme, self._hbm, room=self._room, activity=self._activity,
+                ssd_bytes=config.ssd_bytes if config.has_ssd else 0, put_timeout_s=config.put_timeout_s,
                 listeners=self._listeners, counters=self._counters, offloader=self._offloader,
                 check_accepting=self._check_accepting, remove_locked=self._remove_locked,
             )

@@ -17,7 +17,6 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
-from gdskv.config import StoreConfig
 from gdskv.errors import GdskvError, KeyExistsError, ValueTooLargeError
 from gdskv.metrics import Counters
 from gdskv.store.activity import Activity
@@ -83,14 +82,18 @@ class Writer:
     """Two-phase puts into one store's DRAM tier (see the module docstring)."""
 
     def __init__(
-        self, config: StoreConfig, lock: "threading.RLock", dram: DramTier, nvme: Any, hbm: Any, *,
+        self, lock: "threading.RLock", dram: DramTier, nvme: Any, hbm: Any, *,
+        ssd_bytes: int, put_timeout_s: float,
         room: DramRoom, activity: Activity, listeners: Listeners, counters: Counters, offloader: Any,
         check_accepting: Callable[[], None], remove_locked: Callable[[bytes], bool],
     ) -> None:
-        """``check_accepting()`` raises once the store refuses new values (closed or
-        closing); ``remove_locked(key)`` forgets a key in every tier (lock held): the old
-        value of an overwrite goes through it once the new one has room."""
-        self.config = config
+        """``ssd_bytes``: the NVMe tier's capacity (0: no NVMe tier); ``put_timeout_s``: how
+        long a reservation waits for room by default. ``check_accepting()`` raises once the
+        store refuses new values (closed or closing); ``remove_locked(key)`` forgets a key in
+        every tier (lock held): the old value of an overwrite goes through it once the new
+        one has room."""
+        self._ssd_bytes = ssd_bytes
+        self._put_timeout_s = put_timeout_s
         self._lock = lock
         self.dram = dram
         self._nvme = nvme
@@ -108,10 +111,8 @@ class Writer:
         limit = self.dram.capacity
         if size > limit:
             raise ValueTooLargeError("value larger than the DRAM tier", key=k[:64], size=size, capacity=limit)
-        if self.config.has_ssd and record_size(len(k), size) > self.config.ssd_bytes:
-            raise ValueTooLargeError(
-                "value larger than the NVMe tier", key=k[:64], size=size, capacity=self.config.ssd_bytes
-            )
+        if self._ssd_bytes and record_size(len(k), size) > self._ssd_bytes:
+            raise ValueTooLargeError("value larger than the NVMe tier", key=k[:64], size=size, capacity=self._ssd_bytes)
 
     def reserve(self, k: bytes, size: int, crc: int, overwrite: bool, *, timeout: Optional[float] = None) -> Optional[PutSlot]:
         """A slot for a value of ``size`` bytes with CRC ``crc`` under ``k``, or None when
@@ -119,7 +120,7 @@ class Writer:
         :class:`KeyExistsError`, :class:`NoSpaceError` once ``timeout`` (default: the store's
         ``put_timeout_s``) passes without room, :class:`StoreClosedError`."""
         self.check_size(k, size)
-        deadline = time.monotonic() + (self.config.put_timeout_s if timeout is None else timeout)
+        deadline = time.monotonic() + (self._put_timeout_s if timeout is None else timeout)
         with self._lock:
             self._check_accepting()
             while True:

@@ -34,11 +34,11 @@ def test_a_part_neither_imports_the_store_nor_reaches_into_one(path):
 
 
 def test_the_parts_are_what_the_architecture_page_lists():
-    assert {p.stem for p in PARTS} >= {"offloader", "hbm_front", "reads", "dram_room", "promoter", "activity", "listeners"}
+    assert {p.stem for p in PARTS} >= {"offloader", "hbm_front", "reads", "writes", "dram_room", "promoter", "activity", "listeners"}
 
 
 #: The parts store.py constructs (DramTier and the null parts included).
-CONSTRUCTED = {"Offloader", "Promoter", "HbmFront", "DramRoom", "TierReader", "Activity", "DramTier", "Listeners"}
+CONSTRUCTED = {"Offloader", "Promoter", "HbmFront", "DramRoom", "TierReader", "Writer", "Activity", "DramTier", "Listeners"}
 
 
 def _is_whole_config(node: ast.AST) -> bool:
@@ -56,7 +56,7 @@ def test_the_store_hands_no_part_its_whole_config():
         node for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONSTRUCTED
     ]
-    assert {"Offloader", "Promoter", "HbmFront", "DramRoom"} <= {c.func.id for c in calls}  # the check sees them
+    assert {"Offloader", "Promoter", "HbmFront", "DramRoom", "Writer"} <= {c.func.id for c in calls}  # the check sees them
     given = sorted(
         c.func.id for c in calls if any(_is_whole_config(a) for a in [*c.args, *(k.value for k in c.keywords)])
     )
