@@ -25,6 +25,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -72,6 +73,7 @@ class LocalServer:
         self._accepter: Optional[threading.Thread] = None
         self._closed = False
         self.attached_total = 0
+        self._idle_since = time.monotonic()
 
     def start(self) -> Path:
         """Bind and listen; returns the socket's path."""
@@ -142,7 +144,14 @@ class LocalServer:
     def _session_ended(self, session: Session) -> None:
         with self._lock:
             self._sessions.discard(session)
+            if not self._sessions:
+                self._idle_since = time.monotonic()
             self._ended.notify_all()
+
+    def idle_s(self) -> float:
+        """Seconds since the last attached process left (or since start); 0 while any is attached."""
+        with self._lock:
+            return 0.0 if self._sessions else time.monotonic() - self._idle_since
 
     @property
     def sessions(self) -> int:

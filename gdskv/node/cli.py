@@ -16,8 +16,9 @@ takes either or both.
 Prints JSON lines to stdout: ``{"event": "attachable", "socket"}`` once the socket serves,
 ``{"event": "listening", "node_id", "address"}`` once the data server is up,
 ``{"event": "registered", "objects"}`` once the master knows every replica (the master may
-come later: the node keeps trying). SIGTERM/SIGINT: end the attached sessions, deregister,
-close the store (DRAM-only objects are written to SSD first), exit 0.
+come later: the node keeps trying). SIGTERM/SIGINT (or, with ``--exit-when-idle S``, no
+attached process for S seconds: ``{"event": "idle"}``): end the attached sessions,
+deregister, close the store (DRAM-only objects are written to SSD first), exit 0.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--socket-mode", default="600", help="permissions of the socket file, octal (default 600)")
     p.add_argument("--staging", default="256MiB", help="shared room for reads from NVMe by attached processes")
+    p.add_argument(
+        "--exit-when-idle", type=float, default=None, metavar="SECONDS",
+        help="with --socket: exit (as on SIGTERM) once no process has been attached for this long",
+    )
     p.add_argument("--dram", required=True, help="DRAM tier capacity, e.g. 8GiB")
     p.add_argument("--ssd", required=True, help="DIR:SIZE of the NVMe tier, e.g. /var/tmp/kv:100GiB")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port of the data server (port 0: any)")
@@ -97,6 +102,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.master is None and args.socket is None:
             raise ConfigError("a node needs --master (join a cluster), --socket (serve this host), or both")
+        if args.exit_when_idle is not None and (args.socket is None or not args.exit_when_idle > 0):
+            raise ConfigError("--exit-when-idle needs --socket and a positive number of seconds", got=args.exit_when_idle)
         path, ssd = parse_ssd(args.ssd)
         config = ClusterConfig(
             listen=args.listen,
@@ -127,7 +134,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             _emit(event="listening", node_id=node.node_id, address=address, master=args.master)
             announcer = threading.Thread(target=_announce, args=(node, stop), daemon=True)
             announcer.start()
-        stop.wait()
+        while not stop.wait(0.5):
+            if local is not None and args.exit_when_idle is not None and local.idle_s() >= args.exit_when_idle:
+                _emit(event="idle", seconds=args.exit_when_idle)
+                break
     except GdskvError as exc:
         print(f"gdskv-node: error: {exc}", file=sys.stderr)
         status = 2
