@@ -51,10 +51,12 @@ class LocalServer:
 
     def __init__(
         self, store: Any, path: "str | os.PathLike[str] | None" = None, *, mode: int = 0o600,
-        staging_bytes: int = STAGING_BYTES, describe: Optional[Dict[str, Any]] = None,
+        staging_bytes: int = STAGING_BYTES, describe: Optional[Dict[str, Any]] = None, reach: Any = None,
     ) -> None:
         """``store``: an open store whose DRAM arena is shared (``dram_shared=True``).
-        ``describe``: more facts for the handshake's description (e.g. the node id)."""
+        ``describe``: more facts for the handshake's description (e.g. the node id).
+        ``reach``: what attached processes see beyond the store (a
+        :class:`~gdskv.local.reach.ClusterReach` on a cluster node; default: nothing)."""
         if store.parts.dram.shared_fd < 0:
             raise ConfigError("a store served to attached processes needs a shared DRAM arena (dram_shared=True)", store=str(store.path))
         if not isinstance(mode, int) or not 0 <= mode <= 0o777:
@@ -65,6 +67,7 @@ class LocalServer:
             raise ConfigError("a Unix socket path must be at most 107 bytes long", path=str(self.path))
         self.mode = mode
         self._describe = dict(describe or {})
+        self.reach = reach
         self.staging = ReadStaging(staging_bytes)
         self._sock: Optional[socket.socket] = None
         self._sessions: Set[Session] = set()
@@ -129,7 +132,7 @@ class LocalServer:
                     return
                 session = Session(
                     self.store, self.staging, conn, peer=peer, welcome=self._welcome,
-                    on_end=self._session_ended, server_stats=self.stats,
+                    on_end=self._session_ended, server_stats=self.stats, reach=self.reach,
                 )
                 self._sessions.add(session)
                 self.attached_total += 1

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gdskv.errors import GdskvError, ProtocolError
 from gdskv.local import protocol as p
+from gdskv.local.reach import NoReach
 from gdskv.local.staging import ReadStaging
 from gdskv.store.reads import PinnedValue
 from gdskv.store.writes import PutSlot
@@ -37,11 +38,12 @@ class Session:
     def __init__(
         self, store: Any, staging: ReadStaging, sock: socket.socket, *, peer: str,
         welcome: Callable[[], Tuple[bytes, List[int]]], on_end: Callable[["Session"], None],
-        server_stats: Callable[[], Dict[str, Any]] = dict,
+        server_stats: Callable[[], Dict[str, Any]] = dict, reach: Any = None,
     ) -> None:
         """``welcome()``: the body and descriptors of the handshake's reply; ``on_end``:
         called once the session has given everything back; ``server_stats()``: the socket's
-        figures, sent under ``"local"`` in a STATS reply."""
+        figures, sent under ``"local"`` in a STATS reply; ``reach``: what lies beyond the store
+        (:mod:`gdskv.local.reach`; default: nothing)."""
         self.store = store
         self.staging = staging
         self.sock = sock
@@ -49,6 +51,7 @@ class Session:
         self._welcome = welcome
         self._on_end = on_end
         self._server_stats = server_stats
+        self.reach = reach if reach is not None else NoReach()
         self._next_id = 0
         self.pins: Dict[int, PinnedValue] = {}
         self.staged: Dict[int, int] = {}  # id -> offset in the staging area
@@ -139,7 +142,17 @@ class Session:
         n = p.parse_count(body, 0, p.GET_ITEM.size)
         items = [p.GET_ITEM.unpack_from(body, p.COUNT.size + i * p.GET_ITEM.size) for i in range(n)]
         keys = p.parse_keys(body, p.COUNT.size + n * p.GET_ITEM.size, [length for length, _ in items])
-        pins = self.store.pin(keys, [room for _, room in items])
+        rooms = [room for _, room in items]
+        pins = self.store.pin(keys, rooms)
+        missing = [i for i, pin in enumerate(pins) if pin is None]
+        if missing and self.reach.pull([keys[i] for i in missing]):  # other nodes had some: now here
+            try:
+                again = self.store.pin([keys[i] for i in missing], [rooms[i] for i in missing])
+            except BaseException:
+                self.store.unpin([pin for pin in pins if pin is not None and pin.in_dram])
+                raise
+            for i, pin in zip(missing, again):
+                pins[i] = pin
         table: List[Tuple[int, int, int, int]] = [(p.MISS, 0, 0, 0)] * n
         later = [i for i, pin in enumerate(pins) if pin is not None and not pin.in_dram]
         inline: List[memoryview] = []
@@ -257,7 +270,13 @@ class Session:
         return p.parse_keys(body, p.COUNT.size + n * p.KEY_LEN.size, lengths)
 
     def _exists(self, body: memoryview) -> List[Any]:
-        return [bytes(int(b) for b in self.store.batch_exists(self._keys_only(body)))]
+        keys = self._keys_only(body)
+        found = self.store.batch_exists(keys)
+        missing = [i for i, here in enumerate(found) if not here]
+        if missing:
+            for i, there in zip(missing, self.reach.exists([keys[i] for i in missing])):
+                found[i] = there
+        return [bytes(int(b) for b in found)]
 
     def _remove(self, body: memoryview) -> List[Any]:
         return [bytes(int(b) for b in self.store.batch_remove(self._keys_only(body)))]

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import gdskv
 from gdskv.config import parse_size
 from gdskv.errors import ConfigError, GdskvError
+from gdskv.local.reach import ClusterReach
 from gdskv.local.server import LocalServer
 from gdskv.node.config import ClusterConfig
 from gdskv.node.node import Node
@@ -125,15 +126,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     local: Optional[LocalServer] = None
     status = 0
     try:
-        if args.socket is not None:
-            describe = {"node_id": node.node_id} if node is not None else {}
-            local = LocalServer(store, args.socket or None, mode=socket_mode, staging_bytes=staging, describe=describe)
-            _emit(event="attachable", socket=str(local.start()))
         if node is not None:
             address = node.start()
             _emit(event="listening", node_id=node.node_id, address=address, master=args.master)
             announcer = threading.Thread(target=_announce, args=(node, stop), daemon=True)
             announcer.start()
+        if args.socket is not None:
+            describe = {"node_id": node.node_id, "master": args.master} if node is not None else {}
+            reach = ClusterReach(node) if node is not None else None
+            local = LocalServer(
+                store, args.socket or None, mode=socket_mode, staging_bytes=staging, describe=describe, reach=reach
+            )
+            _emit(event="attachable", socket=str(local.start()))
         while not stop.wait(0.5):
             if local is not None and args.exit_when_idle is not None and local.idle_s() >= args.exit_when_idle:
                 _emit(event="idle", seconds=args.exit_when_idle)
