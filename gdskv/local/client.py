@@ -22,15 +22,13 @@ import mmap
 import os
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from gdskv.errors import FormatVersionError, GdskvError, InvalidValueError, NodeUnavailableError, ProtocolError, StoreClosedError
+from gdskv.errors import FormatVersionError, InvalidValueError, NodeUnavailableError, ProtocolError, StoreClosedError
 from gdskv.local import protocol as p
-from gdskv.local.server import SOCKET_NAME
 from gdskv.tiers.backends.record import checksum
 from gdskv.types import Key, byte_view, encode_key, sequence_arg
 
@@ -87,7 +85,7 @@ class AttachedStore:
         if isinstance(connections, bool) or not isinstance(connections, int) or connections < 1:
             raise InvalidValueError("connections must be a positive integer", got=connections)
         target = Path(path)
-        self.path = target / SOCKET_NAME if target.is_dir() else target
+        self.path = target / p.SOCKET_NAME if target.is_dir() else target
         self._most = connections
         self._timeout = timeout_s
         self._lock = threading.Condition()

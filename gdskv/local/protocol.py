@@ -52,6 +52,8 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 from gdskv import errors
 from gdskv.errors import GdskvError, ProtocolError
 
+#: The socket's name in a store directory, when no path is given.
+SOCKET_NAME = "node.sock"
 #: Version of this protocol; a node refuses a client of another.
 VERSION = 1
 MAGIC = b"gdskv-lc"
@@ -145,17 +147,16 @@ class FrameReader:
             body = self._view[self._start : self._start + length]
             self._start += length
             return code, body
-        have = self._end - self._start  # a frame larger than the buffer: a buffer of its own
-        out = bytearray(length)
-        out[:have] = self._view[self._start : self._end]
+        # A frame larger than the buffer: a buffer of its own, grown as its bytes arrive (never
+        # allocated on the header's word alone).
+        out = bytearray(self._view[self._start : self._end])
         self._start = self._end = 0
-        view = memoryview(out)
-        while have < length:
-            r = self.sock.recv_into(view[have:])
-            if r == 0:
-                raise Disconnected(f"the peer closed the connection after {have} of {length} bytes")
-            have += r
-        return code, view
+        while len(out) < length:
+            chunk = self.sock.recv(min(1 << 20, length - len(out)))
+            if not chunk:
+                raise Disconnected(f"the peer closed the connection after {len(out)} of {length} bytes")
+            out += chunk
+        return code, memoryview(out)
 
 
 def frame(code: int, *parts: "bytes | bytearray | memoryview") -> List["bytes | bytearray | memoryview"]:

@@ -36,8 +36,7 @@ from gdskv.local.staging import STAGING_BYTES, ReadStaging
 
 log = logging.getLogger(__name__)
 
-#: The socket's name in a store directory, when no path is given.
-SOCKET_NAME = "node.sock"
+SOCKET_NAME = p.SOCKET_NAME
 #: Longest path a Unix socket can be bound to (``sun_path``, less its terminating zero).
 MAX_SOCKET_PATH = 107
 

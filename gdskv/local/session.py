@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gdskv.errors import GdskvError, ProtocolError

@@ -4,7 +4,6 @@ Unix socket in this process, and ``gdskv-node --socket`` daemons in processes of
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess

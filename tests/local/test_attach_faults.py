@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import textwrap
@@ -123,7 +122,6 @@ def test_a_client_of_another_protocol_version_is_refused_clearly(node_daemon, mo
 
 CHILD = textwrap.dedent("""
     import sys, time, numpy as np, gdskv
-    from gdskv.local import client
     sock, mode = sys.argv[1], sys.argv[2]
     kv = gdskv.attach(sock)
     def value(i, size):
@@ -131,7 +129,6 @@ CHILD = textwrap.dedent("""
         v[:8] = np.frombuffer(int(i).to_bytes(8, "little"), np.uint8)
         return v
     if mode == "stuck-in-put":  # reserve, copy half, never commit
-        real = client.np.frombuffer
         def half_then_hang(rows_conn, rows, views):
             for (kind, offset, _), view in zip(rows, views):
                 rows_conn.mapping.arena[offset : offset + view.nbytes // 2] = np.frombuffer(view, np.uint8)[: view.nbytes // 2]
