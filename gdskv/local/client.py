@@ -383,6 +383,20 @@ class AttachedStore:
                     self._release(conn)
         return out
 
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """``Store.flush`` on the node's store: wait until every queued offload is on SSD
+        (:class:`TimedOutError` after ``timeout`` seconds)."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0):
+            raise InvalidValueError("flush timeout must be a number of seconds >= 0, or None", got=repr(timeout))
+        conn = self._take()
+        try:
+            conn.sock.settimeout(None if timeout is None else max(self._timeout, timeout + 5.0))  # the node's wait, not ours
+            self._call(conn, p.FLUSH, p.SECONDS.pack(-1.0 if timeout is None else float(timeout)))
+        finally:
+            if conn.sock.fileno() >= 0:
+                conn.sock.settimeout(self._timeout)
+                self._release(conn)
+
     def stats(self) -> Dict[str, Any]:
         """The node's store's figures, and ``attached``: this client's connections."""
         conn = self._take()

@@ -29,6 +29,7 @@ ABORT      ``u32 n``, n x ``u32`` slot                              (none)
 EXISTS     ``u32 n``, n x ``u16`` key length, keys                  n x ``u8``
 REMOVE     ``u32 n``, n x ``u16`` key length, keys                  n x ``u8``
 STATS      (empty)                                                  JSON
+FLUSH      ``f64`` timeout in seconds (negative: none)                  (empty), once every queued offload is on SSD
 ========== ======================================================== =========================================
 
 An :data:`ERROR` reply's body is JSON: ``{"type": <GdskvError subclass>, "message", "context"}``.
@@ -69,11 +70,12 @@ RESERVE_ITEM = struct.Struct("<HQI")
 RESERVE_REPLY_ITEM = struct.Struct("<BQI")
 KEY_LEN = struct.Struct("<H")
 ID = struct.Struct("<I")
+SECONDS = struct.Struct("<d")
 
 # requests
-HELLO, GET, RELEASE, RESERVE, COMMIT, ABORT, EXISTS, REMOVE, STATS = range(1, 10)
+HELLO, GET, RELEASE, RESERVE, COMMIT, ABORT, EXISTS, REMOVE, STATS, FLUSH = range(1, 11)
 OP_NAMES = {HELLO: "HELLO", GET: "GET", RELEASE: "RELEASE", RESERVE: "RESERVE", COMMIT: "COMMIT",
-            ABORT: "ABORT", EXISTS: "EXISTS", REMOVE: "REMOVE", STATS: "STATS"}
+            ABORT: "ABORT", EXISTS: "EXISTS", REMOVE: "REMOVE", STATS: "STATS", FLUSH: "FLUSH"}
 #: Requests the node does not answer.
 NO_REPLY = frozenset({RELEASE, ABORT})
 # replies

@@ -60,6 +60,7 @@ class Session:
         self._handlers = {
             p.GET: self._get, p.RESERVE: self._reserve, p.COMMIT: self._commit, p.EXISTS: self._exists,
             p.REMOVE: self._remove, p.STATS: self._stats, p.RELEASE: self._release, p.ABORT: self._abort,
+            p.FLUSH: self._flush,
         }
 
     # ------------------------------------------------------------------ the loop
@@ -284,6 +285,13 @@ class Session:
         if len(body):
             raise ProtocolError("STATS takes no body", got=len(body))
         return [p.dumps({**self.store.stats(), "local": self._server_stats()})]
+
+    def _flush(self, body: memoryview) -> List[Any]:
+        if len(body) != p.SECONDS.size:
+            raise ProtocolError("FLUSH takes one timeout", got=len(body))
+        (timeout,) = p.SECONDS.unpack(body)
+        self.store.flush(None if timeout < 0 else timeout)  # (a bad number: the store's own error)
+        return []
 
     # ------------------------------------------------------------------ the end
 

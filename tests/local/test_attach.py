@@ -82,6 +82,19 @@ def test_values_on_nvme_come_through_the_read_staging_area(served):
     assert server.staging.used == 0  # given back once copied out (at the latest at close)
 
 
+def test_flush_waits_for_the_nodes_offloads(served):
+    store, server = served(dram="8MiB", ssd="64MiB", offload="watermark")
+    with gdskv.attach(server.path) as kv:
+        kv.put("a", block(20, 100_000))
+        kv.flush(timeout=30)
+        assert store.parts.nvme.lookup(b"a") is None  # watermark policy: nothing due yet
+        store.offload(["a"])
+        kv.flush()
+        assert store.parts.nvme.lookup(b"a") is not None
+        with pytest.raises(gdskv.InvalidValueError):
+            kv.flush(timeout=-1)
+
+
 def test_a_full_staging_area_sends_the_value_inline(served):
     store, server = served(dram="4MiB", ssd="64MiB", staging_bytes=1 * MiB)
     with gdskv.attach(server.path) as kv:
