@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gdskv.tiers.backends.offset as offset_module  # noqa: E402
+import gdskv.tiers.backends.offset.backend as offset_module  # noqa: E402
 from bench_io import Arena, gdskv_write, machine, open_backend, warm_memory  # noqa: E402
 from gdskv.config import format_size, parse_size  # noqa: E402
 from gdskv.gds import make_engine  # noqa: E402

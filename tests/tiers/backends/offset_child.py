@@ -98,7 +98,7 @@ class TestEngine:
 def main(options: dict) -> None:
     from gdskv.errors import GdskvError, IoError
     from gdskv.gds import make_engine
-    from gdskv.tiers.backends import offset as offset_module
+    from gdskv.tiers.backends.offset import backend as offset_module
     from gdskv.tiers.backends.record import checksum
 
     def items(spec: dict):

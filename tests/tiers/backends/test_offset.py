@@ -547,7 +547,7 @@ def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path
     """Ctrl-C (or any other exception) while the index is rebuilt: the open fails and the
     backend's close(), which the store calls on that path, writes no checkpoint of the
     half-built index (that would drop every object)."""
-    import gdskv.tiers.backends.offset as offset_module
+    import gdskv.tiers.backends.offset.backend as offset_module
 
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"A": value_of(1, 5000), b"K": value_of(2, 7000)}))
@@ -655,7 +655,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
     the remove returned False and wrote nothing)."""
     import threading
 
-    import gdskv.tiers.backends.offset as offset_module
+    import gdskv.tiers.backends.offset.backend as offset_module
     from gdskv.gds.engine import IoOp
     from gdskv.gds.faulty import FaultyEngine
 
@@ -698,7 +698,7 @@ def test_check_after_close_is_a_store_closed_error(tmp_path, direct_psync):
 def test_a_write_that_fails_before_its_io_gives_its_space_back(tmp_path, direct_psync, monkeypatch):
     """A failure between placing a batch and writing it (no memory for the record heads)
     frees the space placed, as a failed write does: retries do not fill the file."""
-    import gdskv.tiers.backends.offset as offset_module
+    import gdskv.tiers.backends.offset.backend as offset_module
 
     backend = open_backend(tmp_path, direct_psync, capacity=MiB, window_bytes=256 << 10)
     backend.write(items({b"A": value_of(1, 5000)}))

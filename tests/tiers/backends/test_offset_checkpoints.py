@@ -12,10 +12,10 @@ from typing import Dict, List
 
 import pytest
 
-import gdskv.tiers.backends.offset as offset_module
+import gdskv.tiers.backends.offset.backend as offset_module
 from backend_io import items
 from gdskv.errors import IoError
-from gdskv.tiers.backends.checkpoints import (
+from gdskv.tiers.backends.offset.checkpoints import (
     MAX_DELTAS,
     MIN_DELTA_BUDGET,
     Checkpoint,
@@ -328,7 +328,7 @@ def one_delta() -> bytes:
 @pytest.mark.parametrize("damage", ["magic", "header crc", "entries", "removed keys", "length", "other base"])
 def test_a_damaged_delta_is_corruption(damage):
     from gdskv.errors import CorruptionError
-    from gdskv.tiers.backends.checkpoints import DELTA_HEADER
+    from gdskv.tiers.backends.offset.checkpoints import DELTA_HEADER
 
     raw = bytearray(one_delta())
     base = 5
@@ -355,7 +355,7 @@ def test_a_delta_applies_its_changes_and_a_newer_format_is_refused():
     import crc32c
 
     from gdskv.errors import FormatVersionError
-    from gdskv.tiers.backends.checkpoints import DELTA_HEADER
+    from gdskv.tiers.backends.offset.checkpoints import DELTA_HEADER
     from gdskv.tiers.backends.record import FORMAT_VERSION
 
     checkpoint = Checkpoint(5, 1 << 20, {b"gone": IndexEntry(b"gone", 0, 1, 1, 1)}, [(0, 1 << 20)])
