@@ -547,7 +547,7 @@ def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path
     """Ctrl-C (or any other exception) while the index is rebuilt: the open fails and the
     backend's close(), which the store calls on that path, writes no checkpoint of the
     half-built index (that would drop every object)."""
-    import gdskv.tiers.backends.offset.backend as offset_module
+    import gdskv.tiers.backends.offset.recovery as offset_recovery
 
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"A": value_of(1, 5000), b"K": value_of(2, 7000)}))
@@ -556,7 +556,7 @@ def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(offset_module, "scan_window", interrupted)
+    monkeypatch.setattr(offset_recovery, "scan_window", interrupted)
     half = OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB)
     with pytest.raises(KeyboardInterrupt):
         half.recover()

@@ -13,6 +13,7 @@ from typing import Dict, List
 import pytest
 
 import gdskv.tiers.backends.offset.backend as offset_module
+import gdskv.tiers.backends.offset.recovery as offset_recovery
 from backend_io import items
 from gdskv.errors import IoError
 from gdskv.tiers.backends.offset.checkpoints import (
@@ -174,10 +175,10 @@ def test_an_open_cut_short_after_dropping_the_deltas_leaves_no_base_behind(tmp_p
     if how == "it stops":
         failure = Stop
 
-        def stop(self, *, empty):
+        def stop(engine, path, capacity, *, empty):
             raise Stop()
 
-        monkeypatch.setattr(OffsetBackend, "_open_data_file", stop)
+        monkeypatch.setattr(offset_recovery, "open_data_file", stop)
     else:
         failure = IoError
 

@@ -62,8 +62,11 @@ Each concept is a module of its own:
 - :mod:`.checkpoints`: the checkpoint files' format (a base, its deltas, their names) and
   reading them back;
 - :mod:`.window`: the window (picking it from the free extents, and scanning it at open);
+- :mod:`.recovery`: the open's steps before the index is rebuilt (the checkpoint loaded,
+  or deleted when unusable; the data file opened, emptied where it must be; the window's
+  records replayed);
 - :mod:`.backend`: :class:`OffsetBackend` itself: the index, writes, removes, reads,
-  eviction, checkpoints and recovery.
+  eviction and checkpoints, and the rebuild of the index at open.
 """
 
 from gdskv.tiers.backends.offset.backend import OffsetBackend

@@ -19,23 +19,15 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.coalesce import coalesced_writes
-from gdskv.tiers.backends.files import fsync_dir, unlink_quietly, write_file_atomic
-from gdskv.tiers.backends.offset.checkpoints import (
-    BASE_FILE,
-    base_is_due,
-    delta_files,
-    delta_name,
-    encode_base,
-    encode_delta,
-    is_temporary,
-    read_checkpoint,
-)
-from gdskv.tiers.backends.offset.window import default_window, in_window, merge_extents, pick_window, scan_window
+from gdskv.tiers.backends.files import unlink_quietly, write_file_atomic
+from gdskv.tiers.backends.offset import recovery
+from gdskv.tiers.backends.offset.checkpoints import BASE_FILE, Checkpoint, base_is_due, delta_files, delta_name, encode_base, encode_delta
+from gdskv.tiers.backends.offset.window import default_window, in_window, merge_extents, pick_window
 from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
@@ -138,18 +130,17 @@ class OffsetBackend(StorageBackend):
         the fresh checkpoint's watermark covers them all: no later write reuses a number,
         so no later scan can prefer a stale record to an acknowledged one. Without a usable
         checkpoint (missing or damaged) the data file is emptied before that checkpoint
-        (see the module docstring)."""
+        (see the package docstring)."""
         report = RecoveryReport()
+        recovery.remove_temporaries(self.dir)
+        # First: a newer format raises before any file is touched.
+        checkpoint = recovery.load_checkpoint(self.dir, self.capacity, report)
+        if checkpoint is not None:
+            self._watermark = checkpoint.watermark
+            self._next_seq = max(checkpoint.watermark, checkpoint.newest) + 1
+        self._fd = recovery.open_data_file(self.engine, self.data_path, self.capacity, empty=checkpoint is None)
         try:
-            temporaries = [path for path in self.dir.iterdir() if is_temporary(path.name)]
-        except OSError as exc:
-            raise IoError(f"cannot list the checkpoint files: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
-        for path in temporaries:
-            unlink_quietly(path)
-        loaded = self._load_checkpoint(report)  # first: a newer format raises before any file is touched
-        self._open_data_file(empty=loaded is None)
-        try:
-            self._rebuild(loaded, report)
+            self._rebuild(checkpoint, report)
         except BaseException:
             # Not recovered (a window that cannot be read now, an interrupt): close the file
             # and leave everything as it is. close() then writes no checkpoint of a
@@ -164,21 +155,13 @@ class OffsetBackend(StorageBackend):
             )
         return report
 
-    def _rebuild(self, loaded: Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]], report: RecoveryReport) -> None:
-        """The index from the checkpoint ``loaded`` (None: none) and the window scan, then a
-        fresh checkpoint (see :meth:`recover`). The data file is open."""
-        entries, window = loaded if loaded is not None else ({}, [])
+    def _rebuild(self, checkpoint: Optional[Checkpoint], report: RecoveryReport) -> None:
+        """The index from ``checkpoint`` (None: none) and the window's records past it, then
+        a fresh checkpoint (see :meth:`recover`). The data file is open."""
+        entries, window = (checkpoint.objects, checkpoint.window) if checkpoint is not None else ({}, [])
         assert self._fd is not None
-        found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        newest = recovery.replay_window(self.engine, self._fd, self._path, entries, window, self._watermark, report)
         self._next_seq = max(self._next_seq, newest + 1)
-        for seq, flags, entry in sorted(found, key=lambda f: f[0]):
-            current = entries.get(entry.key)
-            if current is not None and current.seq >= seq:
-                continue
-            if flags & FLAG_TOMBSTONE:
-                entries.pop(entry.key, None)
-            else:
-                entries[entry.key] = entry
         with RecordReader(self.engine) as reader:
             self._index_recovered(entries, reader, report)
         report.objects = len(self._objects)
@@ -209,96 +192,6 @@ class OffsetBackend(StorageBackend):
                 continue
             self._objects[entry.key] = entry
             self._policy.insert(entry.key)
-
-    def _open_data_file(self, *, empty: bool) -> None:
-        """Open (or create) the data file and preallocate it to ``capacity``.
-
-        With ``empty`` (no usable checkpoint), a file that holds anything is first cut to
-        zero length, reallocated and fsynced, before the fresh checkpoint (watermark 0) is
-        written: its old records, removed and superseded ones included, carry sequence
-        numbers that the new ones would restart below, so a later window scan could bring
-        them back. A crash before that checkpoint leaves no usable one either, and the next
-        open empties the file again."""
-        try:
-            fd = self.engine.open_file(self.data_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise IoError(f"cannot open the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
-        try:
-            if empty and os.fstat(fd).st_size:
-                log.warning("gdskv: no usable checkpoint, emptying the data file %s", self.data_path)
-                os.ftruncate(fd, 0)
-        except OSError as exc:
-            os.close(fd)
-            raise IoError(f"cannot empty the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
-        try:
-            if os.fstat(fd).st_size < self.capacity:
-                os.posix_fallocate(fd, 0, self.capacity)
-        except OSError as exc:
-            os.close(fd)
-            raise NoSpaceError(
-                "cannot preallocate the offset backend's file", path=str(self.data_path),
-                capacity=self.capacity, errno=exc.errno,
-            ) from exc
-        if empty:
-            try:
-                os.fsync(fd)  # the emptied file is durable before a checkpoint can follow it
-            except OSError as exc:
-                os.close(fd)
-                raise IoError(f"cannot sync the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
-        self._fd = fd
-
-    def _load_checkpoint(self, report: RecoveryReport) -> Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]]:
-        """The objects and window of the checkpoint on disk (the base with its deltas
-        applied; its watermark into ``_watermark`` and ``_next_seq``); None when there is
-        no usable one, and the data file must be emptied."""
-        try:
-            checkpoint = read_checkpoint(self.dir, capacity=self.capacity)
-        except FormatVersionError:
-            raise
-        except CorruptionError as exc:
-            # Without its index the file cannot tell live records from removed ones: start
-            # empty rather than bring back what was removed.
-            log.warning("gdskv: damaged checkpoint, dropping every object of %s: %s", self.dir, exc)
-            report.dropped_corrupt += 1
-            self._drop_unusable_checkpoint()
-            return None
-        except OSError as exc:  # it may be readable later: fail the open, touch nothing
-            raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(exc.filename or self.checkpoint_path), errno=exc.errno) from exc
-        if checkpoint is None:
-            # A new store, or one that crashed before its first checkpoint was durable (one
-            # is written at open before any write), or a checkpoint deleted from beside its
-            # data: the data file cannot be trusted either way.
-            self._drop_unusable_checkpoint()
-            return None
-        if checkpoint.capacity > self.capacity:
-            # Records past the new end would be lost, and with them tombstones that keep
-            # removed keys from coming back: refuse, and touch nothing.
-            raise ConfigError(
-                "an offset store cannot shrink: open it with its capacity or more, or remove its "
-                "directory to start an empty one", path=str(self.dir), stored=checkpoint.capacity, requested=self.capacity,
-            )
-        self._watermark = checkpoint.watermark
-        self._next_seq = max(checkpoint.watermark, checkpoint.newest) + 1
-        return checkpoint.objects, checkpoint.window
-
-    def _drop_unusable_checkpoint(self) -> None:
-        """Delete the checkpoint's files, durably, before a store without a usable one
-        starts over: its sequence numbers restart, and a later base could take an old delta
-        for its own. The base goes first (durably): a base left without its deltas would
-        be taken for the whole state by the next open, should this one stop before its new
-        base is written, and the keys they removed would come back. (A damaged base without
-        deltas is left: the next open finds it damaged again.) Raises IoError."""
-        try:
-            stale = delta_files(self.dir)
-            if not stale:
-                return
-            self.checkpoint_path.unlink(missing_ok=True)
-            fsync_dir(self.dir)
-            for _base, _n, path in stale:
-                path.unlink(missing_ok=True)
-            fsync_dir(self.dir)
-        except OSError as exc:
-            raise IoError(f"cannot delete an unusable checkpoint: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
 
     def _verify_record(self, reader: RecordReader, entry: IndexEntry) -> bool:
         """Whether the record of ``entry`` is intact (see :meth:`RecordReader.verify`)."""
