@@ -655,7 +655,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
     the remove returned False and wrote nothing)."""
     import threading
 
-    import gdskv.tiers.backends.offset.backend as offset_module
+    import gdskv.tiers.backends.offset.checkpoint_log as checkpoint_log
     from gdskv.gds.engine import IoOp
     from gdskv.gds.faulty import FaultyEngine
 
@@ -667,7 +667,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
         engine.inject("eio", op=IoOp.READ, times=1)
         assert read(backend, b"K", 5000) is None  # dropped: the checkpoint on disk still lists it
         backend.write(items({b"K": value_of(3, 5000)}))
-    real = offset_module.write_file_atomic
+    real = checkpoint_log.write_file_atomic
     armed = [True]
 
     def writing_checkpoint(path, data, **kwargs):
@@ -679,7 +679,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
             reader.join(10)
         return real(path, data, **kwargs)
 
-    monkeypatch.setattr(offset_module, "write_file_atomic", writing_checkpoint)
+    monkeypatch.setattr(checkpoint_log, "write_file_atomic", writing_checkpoint)
     take_checkpoint(backend)  # (lists K)
     assert backend.lookup(b"K") is None and backend.remove(b"K")
     holds_after_crash(backend, tmp_path, direct_psync, {"A": (2, 5000)})

@@ -62,11 +62,14 @@ Each concept is a module of its own:
 - :mod:`.checkpoints`: the checkpoint files' format (a base, its deltas, their names) and
   reading them back;
 - :mod:`.window`: the window (picking it from the free extents, and scanning it at open);
+- :mod:`.checkpoint_log`: what the next checkpoint writes (the index's changes since the
+  last, a base or a delta), the keys the checkpoint on disk still lists, and writing it;
 - :mod:`.recovery`: the open's steps before the index is rebuilt (the checkpoint loaded,
   or deleted when unusable; the data file opened, emptied where it must be; the window's
   records replayed);
-- :mod:`.backend`: :class:`OffsetBackend` itself: the index, writes, removes, reads,
-  eviction and checkpoints, and the rebuild of the index at open.
+- :mod:`.backend`: :class:`OffsetBackend` itself: the index, writes, removes, reads and
+  eviction, when a checkpoint is taken and the space and window it sets, and the rebuild
+  of the index at open.
 """
 
 from gdskv.tiers.backends.offset.backend import OffsetBackend

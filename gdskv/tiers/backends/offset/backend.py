@@ -11,7 +11,6 @@ to a new write while a read is in flight.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
@@ -24,9 +23,9 @@ from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.coalesce import coalesced_writes
-from gdskv.tiers.backends.files import unlink_quietly, write_file_atomic
 from gdskv.tiers.backends.offset import recovery
-from gdskv.tiers.backends.offset.checkpoints import BASE_FILE, Checkpoint, base_is_due, delta_files, delta_name, encode_base, encode_delta
+from gdskv.tiers.backends.offset.checkpoint_log import CheckpointLog
+from gdskv.tiers.backends.offset.checkpoints import BASE_FILE, Checkpoint
 from gdskv.tiers.backends.offset.window import default_window, in_window, merge_extents, pick_window
 from gdskv.tiers.backends.record import (
     ALIGN,
@@ -73,29 +72,17 @@ class OffsetBackend(StorageBackend):
         self.data_path = self.dir / DATA_FILE
         self._path = str(self.data_path)  # for error messages, made once
         self.checkpoint_path = self.dir / BASE_FILE
+        #: What the next checkpoint writes, and which are on disk (``_lock``).
+        self._checkpoint_log = CheckpointLog(self.dir)
         self.window_bytes = min(window_bytes or default_window(self.capacity), self.capacity)
         self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
         self._objects: Dict[bytes, IndexEntry] = {}
         self._deferred: List[int] = []  # record offsets to free after the next checkpoint
-        #: Keys gone from the index (evicted, removed, dropped) that the checkpoint on disk still
-        #: lists and no durable tombstone outranks: cleared by each checkpoint (lock held).
-        self._dropped: Dict[bytes, int] = {}  # key -> the number of its latest drop
-        self._drops = itertools.count()
         self._pins: Dict[int, int] = {}
         self._window: List[Tuple[int, int]] = []  # sorted (start, end)
         self._watermark = 0
         self._next_seq = 1
-        #: Index changes since the last durable checkpoint: key -> its new entry, or None
-        #: (evicted, removed, dropped). The next delta lists them (``_lock``).
-        self._changed: Dict[bytes, Optional[IndexEntry]] = {}
-        self._base = 0  # watermark of the base on disk, which names its deltas
-        self._deltas = 0  # deltas written since that base
-        self._delta_bytes = 0
-        self._base_bytes = 0
-        #: The next checkpoint is a base: at open, and after a base write failed (it may
-        #: still have landed, and deltas named for the base before would then be stale).
-        self._base_due = True
         self._fd: Optional[int] = None
         self._closed = False
         self.counters = {
@@ -168,8 +155,7 @@ class OffsetBackend(StorageBackend):
         report.bytes = sum(e.value_len for e in self._objects.values())
         report.containers = 1
         with self._wlock:
-            self._changed.clear()
-            self._base_due = True  # what recovery found, in full; the deltas read go
+            self._checkpoint_log.restart()
             self._checkpoint([])
 
     def _index_recovered(self, entries: Dict[bytes, IndexEntry], reader: RecordReader, report: RecoveryReport) -> None:
@@ -251,64 +237,31 @@ class OffsetBackend(StorageBackend):
             for offset, size in zip(offsets, sizes):
                 window.append((offset, offset + self._alloc.rounded(size)))
             window = merge_extents(window)
-            base = self._base_due or base_is_due(self._deltas, self._delta_bytes, self._base_bytes)
+            base = self._checkpoint_log.base_next()
             if base:
                 self._next_seq += 1  # a number no record takes: this base's own, naming its deltas
-                listed = list(self._objects.values())
-            watermark = self._next_seq - 1
-            changes, self._changed = self._changed, {}  # a change after this is in the next one
-            unlisted = dict(self._dropped)  # a key dropped after this is in ``listed`` / ``changes``
+            # A change or drop after this is in the next checkpoint.
+            taken = self._checkpoint_log.take(self._next_seq - 1, self._objects.values() if base else None)
         try:
-            if base:
-                path, data = self.checkpoint_path, encode_base(watermark, self.capacity, listed, window)
-            else:
-                added = [entry for entry in changes.values() if entry is not None]
-                gone = [key for key, entry in changes.items() if entry is None]
-                path = self.dir / delta_name(self._base, self._deltas + 1)
-                data = encode_delta(self._base, watermark, self.capacity, added, gone, window)
-            write_file_atomic(path, data)
+            nbytes = self._checkpoint_log.write(taken, self.capacity, window)
         except BaseException:  # (an IoError; a MemoryError or an interrupt loses nothing either)
             with self._lock:
                 for offset in offsets:
                     self._alloc.free(offset)
-                for key, entry in changes.items():  # still to be written: the newer change wins
-                    self._changed.setdefault(key, entry)
-            # The file may have landed all the same (its directory's fsync failed). A delta
-            # that did is written again, under the same name, by the next checkpoint. A base
-            # that did has a new watermark, which the deltas named for the base before do not
-            # match: so after a failed base the next checkpoint is a base too.
-            self._base_due = self._base_due or base
+                self._checkpoint_log.failed(taken)
             raise
         with self._lock:
-            for key, drop in unlisted.items():  # the checkpoint on disk does not list them any more
-                if self._dropped.get(key) == drop:  # (dropped again meanwhile: it may list that one)
-                    del self._dropped[key]
+            self._checkpoint_log.written(taken, nbytes)
         if base:
-            self._base, self._deltas, self._delta_bytes, self._base_bytes = watermark, 0, 0, len(data)
-            self._base_due = False
             self.counters["checkpoint_bases"] += 1
-        else:
-            self._deltas += 1
-            self._delta_bytes += len(data)
         self._window = window
-        self._watermark = watermark
+        self._watermark = taken.watermark
         self.counters["checkpoints"] += 1
-        self.counters["checkpoint_bytes"] += len(data)
+        self.counters["checkpoint_bytes"] += nbytes
         self.counters["checkpoint_seconds"] += time.perf_counter() - started  # (its evictions included)
         if base:
-            self._delete_stale_deltas()
+            self._checkpoint_log.delete_stale_deltas()
         return offsets, evicted
-
-    def _delete_stale_deltas(self) -> None:
-        """Delete the deltas of earlier bases, which the base just written lists in full.
-        Best effort: one left behind is never applied to another base (it names its own),
-        and the next base, or open, tries again."""
-        try:
-            for of_base, _n, stale in delta_files(self.dir):
-                if of_base != self._base:
-                    unlink_quietly(stale)
-        except OSError as exc:
-            log.warning("gdskv: could not list old checkpoint deltas in %s: %s", self.dir, exc)
 
     def _try_place(self, sizes: Sequence[int]) -> Optional[List[int]]:
         """Allocate every size or none. ``_lock`` held."""
@@ -350,12 +303,11 @@ class OffsetBackend(StorageBackend):
             return
         if self.evict_listener is not None:
             self.evict_listener(list(keys))
-        objects, changed, dropped, drops, pins = self._objects, self._changed, self._dropped, self._drops, self._pins
+        objects, gone, pins = self._objects, self._checkpoint_log.gone, self._pins
         forget, free = self._policy.remove, self._alloc.free  # (per object: a window can evict thousands)
         for key in keys:
             entry = objects.pop(key)
-            changed[key] = None
-            dropped[key] = next(drops)
+            gone(key)
             forget(key)
             offset = record_start(entry)
             if pins and pins.get(offset):
@@ -406,7 +358,7 @@ class OffsetBackend(StorageBackend):
                         self._deferred.append(record_start(older))
                         self._policy.remove(entry.key)
                     self._objects[entry.key] = entry
-                    self._changed[entry.key] = entry
+                    self._checkpoint_log.put(entry)
                     self._policy.insert(entry.key)
                 self.counters["bytes_written"] += sum(sizes)
         return evicted
@@ -433,11 +385,10 @@ class OffsetBackend(StorageBackend):
             self._check_open()
             with self._lock:
                 entry = self._objects.pop(key, None)
-                if entry is None and key not in self._dropped:
+                if entry is None and not self._checkpoint_log.still_listed(key):
                     return False
                 if entry is not None:
-                    self._changed[key] = None
-                    self._dropped[key] = next(self._drops)
+                    self._checkpoint_log.gone(key)
                     self._policy.remove(key)
                     self._deferred.append(record_start(entry))
             if entry is None:
@@ -466,7 +417,7 @@ class OffsetBackend(StorageBackend):
                 return True
             with self._lock:
                 self._deferred.append(offsets[0])
-                self._dropped.pop(key, None)  # the tombstone outranks what the checkpoint lists
+                self._checkpoint_log.outranked(key)  # by the tombstone just written
             self.counters["tombstones"] += 1
             return True
 
@@ -523,8 +474,7 @@ class OffsetBackend(StorageBackend):
             return  # removed, overwritten or evicted meanwhile
         log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
         del self._objects[entry.key]
-        self._changed[entry.key] = None
-        self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
+        self._checkpoint_log.gone(entry.key)  # the checkpoint on disk may still list it
         self._policy.remove(entry.key)
         self._deferred.append(record_start(entry))
 
@@ -538,7 +488,7 @@ class OffsetBackend(StorageBackend):
         return {
             "window_bytes": sum(end - start for start, end in self._window),
             "free_extents": self._alloc.free_extents,
-            "checkpoint_deltas": self._deltas,  # written since the last base
+            "checkpoint_deltas": self._checkpoint_log.deltas,  # written since the last base
         }
 
     def close(self) -> None:
