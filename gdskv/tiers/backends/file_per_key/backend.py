@@ -57,18 +57,10 @@ class FilePerKeyBackend(StorageBackend):
     #: a gdskv of layout 1 would look for every file where it no longer is.
     layout_version = 2
 
-    def __init__(
-        self,
-        root: Path,
-        engine: IoEngine,
-        *,
-        capacity: int,
-        eviction: str = "fifo",
-        verify_on_open: str = "index",
-        open_files: Optional[int] = None,
-        sync: str = "filesystem",
-    ) -> None:
-        """``open_files``: descriptors kept open for reads (None: half of the process's
+    def __init__(self, root: Path, engine: IoEngine, *, open_files: Optional[int] = None, sync: str = "filesystem", **common: Any) -> None:
+        """``common``: the options every backend takes (see :class:`StorageBackend`).
+
+        ``open_files``: descriptors kept open for reads (None: half of the process's
         ``RLIMIT_NOFILE``, at most 65536; 0: open and close a file around every read).
 
         ``sync``: how a write makes its files durable. ``"filesystem"`` (the default): one
@@ -80,7 +72,7 @@ class FilePerKeyBackend(StorageBackend):
         available, ``"filesystem"`` falls back to ``"file"`` (logged; ``stats()`` shows the
         mode in use)."""
         check_choice("file_per_key sync mode", sync, FILE_PER_KEY_SYNC_MODES)
-        super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
+        super().__init__(root, engine, **common)
         #: The sync mode in use.
         self.sync = _sync.mode_in_use(sync)
         self._objects: Dict[bytes, IndexEntry] = {}

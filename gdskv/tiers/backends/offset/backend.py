@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
@@ -55,20 +55,12 @@ class OffsetBackend(StorageBackend):
     subdir = "offset"
     layout_version = 2  # checkpoint deltas: a gdskv that reads only the base must refuse the store
 
-    def __init__(
-        self,
-        root: Path,
-        engine: IoEngine,
-        *,
-        capacity: int,
-        eviction: str = "fifo",
-        verify_on_open: str = "index",
-        window_bytes: Optional[int] = None,
-    ) -> None:
+    def __init__(self, root: Path, engine: IoEngine, *, capacity: int, window_bytes: Optional[int] = None, **common: Any) -> None:
+        """``common``: the other options every backend takes (see :class:`StorageBackend`)."""
         if capacity // ALIGN * ALIGN <= 0:
             raise NoSpaceError("the offset backend needs at least 4 KiB", capacity=capacity)
         # The base sets up dir, engine, policy, _lock (index, allocator, pins: held briefly).
-        super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, eviction=eviction, verify_on_open=verify_on_open)
+        super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, **common)
         self.data_path = self.dir / DATA_FILE
         self._path = str(self.data_path)  # for error messages, made once
         self.checkpoint_path = self.dir / BASE_FILE
