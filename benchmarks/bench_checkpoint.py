@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gdskv.tiers.backends.offset as offset_module  # noqa: E402
+import gdskv.tiers.backends.offset.checkpoint_log as checkpoint_log  # noqa: E402
 from bench_io import Arena, gdskv_write, machine, open_backend, warm_memory  # noqa: E402
 from gdskv.config import format_size, parse_size  # noqa: E402
 from gdskv.gds import make_engine  # noqa: E402
@@ -59,9 +59,9 @@ def measure(name: str, work: Path, engine, capacity: int, values: Cycling, writt
     """Fill a store of ``capacity``, write ``written`` bytes more; the write's figures (the
     checkpoint ones from the backend's counters: zero for ``bucket``, which takes none).
     ``bases_only``: every checkpoint a base, as before deltas (the one policy switched)."""
-    real_due = offset_module.base_is_due
+    real_due = checkpoint_log.base_is_due
     if bases_only:
-        offset_module.base_is_due = lambda *_: True
+        checkpoint_log.base_is_due = lambda *_: True
     try:
         backend = open_backend(name, work, engine, capacity)
         try:
@@ -80,7 +80,7 @@ def measure(name: str, work: Path, engine, capacity: int, values: Cycling, writt
         finally:
             backend.close()
     finally:
-        offset_module.base_is_due = real_due
+        checkpoint_log.base_is_due = real_due
         shutil.rmtree(work, ignore_errors=True)
 
 

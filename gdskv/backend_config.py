@@ -6,8 +6,9 @@
 - :class:`FilePerKeyConfig`: one file per object (for debugging), with its sync mode.
 
 Each is a frozen, keyword-only dataclass validated on construction (a :class:`ConfigError`
-names the field); ``build(root, engine)`` constructs the backend over the store directory
-``root``, importing it only then, so this module imports no backend. :data:`BACKEND_CONFIGS`
+names the field), whose fields are its backend's keyword arguments; ``build(root, engine)``
+constructs the backend over the store directory ``root`` with them, importing it only then
+(``_backend()``), so this module imports no backend. :data:`BACKEND_CONFIGS`
 registers them by name; :func:`backend_config` picks one by name. A store builds the one
 ``StoreConfig.backend`` names from the flat fields (see :mod:`gdskv.config`): it needs to
 know no backend's own options.
@@ -62,11 +63,15 @@ class BackendConfig:
         check_choice("verify_on_open mode", self.verify_on_open, VERIFY_MODES, field="verify_on_open")
 
     def build(self, root: "str | os.PathLike[str]", engine: "IoEngine") -> "StorageBackend":
-        """Construct the backend in store directory ``root``, moving bytes with ``engine``."""
-        raise NotImplementedError
+        """Construct the backend in store directory ``root``, moving bytes with ``engine``:
+        each field of the config is one of its keyword arguments."""
+        options = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return self._backend()(Path(root), engine, **options)
 
-    def _common(self) -> Dict[str, Any]:
-        return {"capacity": self.capacity, "eviction": self.eviction, "verify_on_open": self.verify_on_open}
+    @staticmethod
+    def _backend() -> "Type[StorageBackend]":
+        """The backend class this config builds (imported only now)."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,10 +80,11 @@ class BucketConfig(BackendConfig):
 
     name: ClassVar[str] = "bucket"
 
-    def build(self, root: "str | os.PathLike[str]", engine: "IoEngine") -> "StorageBackend":
+    @staticmethod
+    def _backend() -> "Type[StorageBackend]":
         from gdskv.tiers.backends.bucket import BucketBackend
 
-        return BucketBackend(Path(root), engine, **self._common())
+        return BucketBackend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,10 +103,11 @@ class OffsetConfig(BackendConfig):
         if self.window_bytes is not None:
             object.__setattr__(self, "window_bytes", check_bytes("window_bytes", self.window_bytes))
 
-    def build(self, root: "str | os.PathLike[str]", engine: "IoEngine") -> "StorageBackend":
+    @staticmethod
+    def _backend() -> "Type[StorageBackend]":
         from gdskv.tiers.backends.offset import OffsetBackend
 
-        return OffsetBackend(Path(root), engine, **self._common(), window_bytes=self.window_bytes)
+        return OffsetBackend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,10 +132,11 @@ class FilePerKeyConfig(BackendConfig):
         if self.open_files is not None:
             check_count("open_files", self.open_files)
 
-    def build(self, root: "str | os.PathLike[str]", engine: "IoEngine") -> "StorageBackend":
+    @staticmethod
+    def _backend() -> "Type[StorageBackend]":
         from gdskv.tiers.backends.file_per_key import FilePerKeyBackend
 
-        return FilePerKeyBackend(Path(root), engine, **self._common(), open_files=self.open_files, sync=self.sync)
+        return FilePerKeyBackend
 
 
 #: The backend configs by registered name (gdskv.tiers.backends.BACKENDS holds the classes

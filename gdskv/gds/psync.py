@@ -382,11 +382,17 @@ class BatchFuture(DrivenFuture):
                 except queue.Empty:
                     pass
             finally:
-                # (A handler that raises right after the append, or while this waits for the
-                # lock, leaves the bell listed: it then only collects this batch's tokens.)
-                with self._lock:
-                    if bell in self._bells:
-                        self._bells.remove(bell)
+                # Without the lock: waiting for it here (while a pool thread records an
+                # outcome) is a wait that a raising handler cuts short, and the bell stayed
+                # listed. The removal is this block's first call, one list operation (atomic
+                # under the GIL, as _record's copy of the list is), and a handler runs only
+                # after a call, at a backward jump or inside a blocking call: none runs
+                # before it is done. A bell never appended (a handler raised while the
+                # append waited for the lock) is not there.
+                try:
+                    self._bells.remove(bell)
+                except ValueError:
+                    pass
 
     def __await__(self) -> Generator[Any, None, List[int]]:
         """Wait without holding a thread: the thread that records the batch's last outcome

@@ -280,40 +280,79 @@ def test_each_waiter_is_woken_by_the_outcome_it_waits_for(tmp_path, monkeypatch)
         engine.close()
 
 
-def test_signals_raising_in_a_waiting_main_thread_leave_no_waiter_registered(tmp_path):
+def test_signals_raising_in_a_waiting_main_thread_leave_no_waiter_registered(tmp_path, monkeypatch):
     """A handler raising again and again while the main thread waits: every wait it cuts
-    short unregisters, and the batch ends with every byte count."""
+    short unregisters, and the batch ends with every byte count.
+
+    Nothing here depends on how fast the machine is. The batch's last request is held until
+    more than 10 waits were cut short, so the count does not depend on how soon the pool gets
+    through the rest (while it does, the handler lands as the outcomes come in). The signals
+    go to the main thread alone, from a thread of the test's own that is joined before the
+    handler is put back: a process timer's signal can go to any thread and be handled late,
+    by the handler put back (pytest-timeout's, which then reports a timeout). Only the main
+    thread waits, so after each interrupt no waiter may be registered at all."""
     import signal
+
+    import gdskv
 
     path = tmp_path / "data"
     path.write_bytes(block(8, 64 * 4096))
     engine = PsyncEngine(threads=2)
     fd = os.open(path, os.O_RDONLY)
+    last_fd = os.open(path, os.O_RDONLY)  # the last request's own: its read is held
+    release = threading.Event()
+    real = os.preadv
+
+    def held(fd, buffers, offset, *args):
+        if fd == last_fd:
+            release.wait(60)  # (never set: the batch ends all the same, and the count fails)
+        return real(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(os, "preadv", held)
+    package = os.path.dirname(gdskv.__file__) + os.sep
     armed = [True]
     interrupted = 0
+    left_registered = 0
 
     def handler(signum, frame):  # interrupts the engine's code only, not this test's loop
-        if armed[0] and "/gdskv/" in frame.f_code.co_filename:
+        if armed[0] and frame.f_code.co_filename.startswith(package):
             raise Interrupted()
 
-    old = signal.signal(signal.SIGALRM, handler)
+    main = threading.main_thread().ident
+    stop = threading.Event()
+
+    def interrupt():  # a signal to the main thread every 0.1 ms or so
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.0001)
+
+    sender = threading.Thread(target=interrupt, name="interrupter")
+    old = signal.signal(signal.SIGUSR1, handler)
     try:
-        future = engine.submit([IoRequest.read(fd, (i % 64) * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(3000)])
-        signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)
+        requests = [IoRequest.read(fd, (i % 64) * 4096, memoryview(bytearray(4096)), path=str(path)) for i in range(2999)]
+        requests.append(IoRequest.read(last_fd, 0, memoryview(bytearray(4096)), path=str(path)))
+        future = engine.submit(requests)
+        sender.start()
         while future._pending:
             try:
                 future.result()
             except Interrupted:
                 interrupted += 1
+                left_registered += bool(future._bells)
+                if interrupted > 10:
+                    release.set()
         armed[0] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
         assert future.outcomes(timeout=30) == [4096] * 3000
-        assert interrupted > 10 and not future._bells
+        assert interrupted > 10 and not left_registered and not future._bells
     finally:
         armed[0] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        stop.set()
+        if sender.ident is not None:
+            sender.join()  # every signal it sent has reached the handler above
+        signal.signal(signal.SIGUSR1, old)
+        release.set()
         os.close(fd)
+        os.close(last_fd)
         engine.close()
 
 

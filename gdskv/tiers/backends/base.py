@@ -378,7 +378,11 @@ class StorageBackend:
     def __init__(
         self, root: Path, engine: Any, *, capacity: int, eviction: str = "fifo", verify_on_open: str = "index"
     ) -> None:
-        """Set up what every backend has: its directory, engine, cap, policy and lock."""
+        """Set up what every backend has: its directory, engine, cap, policy and lock.
+
+        These are the options every backend takes (``capacity``: its byte cap; ``eviction``:
+        "fifo" or "lru"; ``verify_on_open``: "index" or "full"); a backend's own constructor
+        names only its own and passes these on."""
         from gdskv.tiers.policies import make_policy  # a sibling layer: keep this module light
 
         self.dir = Path(root) / self.subdir

@@ -31,7 +31,7 @@ import concurrent.futures
 import logging
 import os
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from gdskv.errors import (
     CorruptionError,
@@ -96,16 +96,9 @@ class BucketBackend(StorageBackend):
 
     subdir = "buckets"
 
-    def __init__(
-        self,
-        root: Path,
-        engine: IoEngine,
-        *,
-        capacity: int,
-        eviction: str = "fifo",
-        verify_on_open: str = "index",
-    ) -> None:
-        super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
+    def __init__(self, root: Path, engine: IoEngine, **common: Any) -> None:
+        """``common``: the options every backend takes (see :class:`StorageBackend`)."""
+        super().__init__(root, engine, **common)
         self._buckets: Dict[int, _Bucket] = {}
         self._objects: Dict[bytes, _Bucket] = {}
         #: Buckets whose index on disk still lists a key a newer bucket holds (its rewrite

@@ -98,7 +98,7 @@ class TestEngine:
 def main(options: dict) -> None:
     from gdskv.errors import GdskvError, IoError
     from gdskv.gds import make_engine
-    from gdskv.tiers.backends import offset as offset_module
+    from gdskv.tiers.backends.offset import OffsetBackend, checkpoint_log
     from gdskv.tiers.backends.record import checksum
 
     def items(spec: dict):
@@ -109,13 +109,13 @@ def main(options: dict) -> None:
         return out
 
     engine = TestEngine(make_engine("psync", direct=True))
-    backend = offset_module.OffsetBackend(
+    backend = OffsetBackend(
         options["path"], engine, capacity=options["capacity"], window_bytes=options["window_bytes"],
         eviction=options.get("eviction", "fifo"),
     )
     say("recovered " + json.dumps(backend.recover().as_dict()))
     backend.evict_listener = lambda keys: say("heard " + " ".join(k.decode() for k in keys))
-    real_write_file_atomic = offset_module.write_file_atomic
+    real_write_file_atomic = checkpoint_log.write_file_atomic
     failing = {"left": 0}
 
     def write_file_atomic(path, data, **kwargs):
@@ -130,7 +130,7 @@ def main(options: dict) -> None:
             raise IoError(f"could not write {path.name}: No space left on device", path=str(path), errno=errno.ENOSPC)
         return real_write_file_atomic(path, data, **kwargs)
 
-    offset_module.write_file_atomic = write_file_atomic
+    checkpoint_log.write_file_atomic = write_file_atomic
     reader = None
     for step in options["steps"]:
         op, *args = step

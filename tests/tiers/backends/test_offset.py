@@ -547,7 +547,7 @@ def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path
     """Ctrl-C (or any other exception) while the index is rebuilt: the open fails and the
     backend's close(), which the store calls on that path, writes no checkpoint of the
     half-built index (that would drop every object)."""
-    import gdskv.tiers.backends.offset as offset_module
+    import gdskv.tiers.backends.offset.recovery as offset_recovery
 
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"A": value_of(1, 5000), b"K": value_of(2, 7000)}))
@@ -556,7 +556,7 @@ def test_an_open_interrupted_during_recovery_leaves_the_store_as_it_was(tmp_path
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(offset_module, "scan_window", interrupted)
+    monkeypatch.setattr(offset_recovery, "scan_window", interrupted)
     half = OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB)
     with pytest.raises(KeyboardInterrupt):
         half.recover()
@@ -655,7 +655,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
     the remove returned False and wrote nothing)."""
     import threading
 
-    import gdskv.tiers.backends.offset as offset_module
+    import gdskv.tiers.backends.offset.checkpoint_log as checkpoint_log
     from gdskv.gds.engine import IoOp
     from gdskv.gds.faulty import FaultyEngine
 
@@ -667,7 +667,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
         engine.inject("eio", op=IoOp.READ, times=1)
         assert read(backend, b"K", 5000) is None  # dropped: the checkpoint on disk still lists it
         backend.write(items({b"K": value_of(3, 5000)}))
-    real = offset_module.write_file_atomic
+    real = checkpoint_log.write_file_atomic
     armed = [True]
 
     def writing_checkpoint(path, data, **kwargs):
@@ -679,7 +679,7 @@ def test_a_drop_during_a_checkpoint_write_stays_remembered(tmp_path, direct_psyn
             reader.join(10)
         return real(path, data, **kwargs)
 
-    monkeypatch.setattr(offset_module, "write_file_atomic", writing_checkpoint)
+    monkeypatch.setattr(checkpoint_log, "write_file_atomic", writing_checkpoint)
     take_checkpoint(backend)  # (lists K)
     assert backend.lookup(b"K") is None and backend.remove(b"K")
     holds_after_crash(backend, tmp_path, direct_psync, {"A": (2, 5000)})
@@ -698,7 +698,7 @@ def test_check_after_close_is_a_store_closed_error(tmp_path, direct_psync):
 def test_a_write_that_fails_before_its_io_gives_its_space_back(tmp_path, direct_psync, monkeypatch):
     """A failure between placing a batch and writing it (no memory for the record heads)
     frees the space placed, as a failed write does: retries do not fill the file."""
-    import gdskv.tiers.backends.offset as offset_module
+    import gdskv.tiers.backends.offset.backend as offset_module
 
     backend = open_backend(tmp_path, direct_psync, capacity=MiB, window_bytes=256 << 10)
     backend.write(items({b"A": value_of(1, 5000)}))

@@ -12,10 +12,11 @@ from typing import Dict, List
 
 import pytest
 
-import gdskv.tiers.backends.offset as offset_module
+import gdskv.tiers.backends.offset.checkpoint_log as checkpoint_log
+import gdskv.tiers.backends.offset.recovery as offset_recovery
 from backend_io import items
 from gdskv.errors import IoError
-from gdskv.tiers.backends.checkpoints import (
+from gdskv.tiers.backends.offset.checkpoints import (
     MAX_DELTAS,
     MIN_DELTA_BUDGET,
     Checkpoint,
@@ -90,7 +91,7 @@ def test_evictions_overwrites_and_removals_survive_through_deltas(tmp_path, dire
 
 
 def test_deltas_are_folded_into_a_new_base(tmp_path, direct_psync, monkeypatch):
-    monkeypatch.setattr(offset_module, "base_is_due", lambda n, nbytes, base: n >= 3)
+    monkeypatch.setattr(checkpoint_log, "base_is_due", lambda n, nbytes, base: n >= 3)
     backend = open_backend(tmp_path, direct_psync)
     bases = backend.counters["checkpoint_bases"]  # (the open's)
     spec = {}
@@ -174,17 +175,17 @@ def test_an_open_cut_short_after_dropping_the_deltas_leaves_no_base_behind(tmp_p
     if how == "it stops":
         failure = Stop
 
-        def stop(self, *, empty):
+        def stop(engine, path, capacity, *, empty):
             raise Stop()
 
-        monkeypatch.setattr(OffsetBackend, "_open_data_file", stop)
+        monkeypatch.setattr(offset_recovery, "open_data_file", stop)
     else:
         failure = IoError
 
         def no_space(path, data, **kwargs):
             raise IoError("no space", path=str(path))
 
-        monkeypatch.setattr(offset_module, "write_file_atomic", no_space)
+        monkeypatch.setattr(checkpoint_log, "write_file_atomic", no_space)
     with pytest.raises(failure):
         OffsetBackend(tmp_path, direct_psync, capacity=16 * MiB, window_bytes=MiB).recover()
     monkeypatch.undo()
@@ -207,7 +208,7 @@ def test_a_checkpoint_cut_short_keeps_its_changes_for_the_next(tmp_path, direct_
     backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
     take_checkpoint(backend)
     assert backend.remove(b"a")
-    real = getattr(offset_module, where)
+    real = getattr(checkpoint_log, where)
     armed = [True]
 
     def fails_once(*args, **kwargs):
@@ -216,7 +217,7 @@ def test_a_checkpoint_cut_short_keeps_its_changes_for_the_next(tmp_path, direct_
             raise exc
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(offset_module, where, fails_once)
+    monkeypatch.setattr(checkpoint_log, where, fails_once)
     with pytest.raises(type(exc)):
         take_checkpoint(backend)
     backend.write(items({b"c": value_of(3, 5000)}))
@@ -250,7 +251,7 @@ def test_a_base_that_may_have_landed_is_followed_by_a_base(tmp_path, direct_psyn
     changes lost. So after a failed base the next checkpoint is a base too."""
     backend = open_backend(tmp_path, direct_psync)
     backend.write(items({b"a": value_of(1, 5000), b"b": value_of(2, 5000)}))
-    real = offset_module.write_file_atomic
+    real = checkpoint_log.write_file_atomic
     armed = [True]
 
     def lands_then_fails(path, data, **kwargs):
@@ -259,14 +260,14 @@ def test_a_base_that_may_have_landed_is_followed_by_a_base(tmp_path, direct_psyn
             armed[0] = False
             raise IoError("directory fsync failed", path=str(path))
 
-    monkeypatch.setattr(offset_module, "write_file_atomic", lands_then_fails)
+    monkeypatch.setattr(checkpoint_log, "write_file_atomic", lands_then_fails)
     asked = []  # the size rule asks for a base once, after delta 1; the rest are deltas
 
     def once(n, nbytes, base):
         asked.append(n)
         return n >= 1 and len(asked) == 2
 
-    monkeypatch.setattr(offset_module, "base_is_due", once)
+    monkeypatch.setattr(checkpoint_log, "base_is_due", once)
     take_checkpoint(backend)  # delta 1
     with pytest.raises(IoError):
         take_checkpoint(backend)  # a base: on disk, but reported failed
@@ -300,7 +301,7 @@ def test_an_older_offset_store_is_marked_with_the_new_layout(tmp_path):
     with gdskv.open(tmp_path / "s", dram="8MiB", ssd="16MiB", backend="offset", io_engine="psync") as store:
         store.put("k", b"v" * 5000)
         store.flush()
-        store.parts.nvme._base_due = True  # noqa: SLF001  (its final checkpoint a base: the first layout's files)
+        store.parts.nvme._checkpoint_log.base_due = True  # noqa: SLF001  (its final checkpoint a base: the first layout's files)
     assert deltas(tmp_path / "s") == []
     meta = tmp_path / "s" / "gdskv.json"
     doc = json.loads(meta.read_text())
@@ -328,7 +329,7 @@ def one_delta() -> bytes:
 @pytest.mark.parametrize("damage", ["magic", "header crc", "entries", "removed keys", "length", "other base"])
 def test_a_damaged_delta_is_corruption(damage):
     from gdskv.errors import CorruptionError
-    from gdskv.tiers.backends.checkpoints import DELTA_HEADER
+    from gdskv.tiers.backends.offset.checkpoints import DELTA_HEADER
 
     raw = bytearray(one_delta())
     base = 5
@@ -355,7 +356,7 @@ def test_a_delta_applies_its_changes_and_a_newer_format_is_refused():
     import crc32c
 
     from gdskv.errors import FormatVersionError
-    from gdskv.tiers.backends.checkpoints import DELTA_HEADER
+    from gdskv.tiers.backends.offset.checkpoints import DELTA_HEADER
     from gdskv.tiers.backends.record import FORMAT_VERSION
 
     checkpoint = Checkpoint(5, 1 << 20, {b"gone": IndexEntry(b"gone", 0, 1, 1, 1)}, [(0, 1 << 20)])

@@ -17,8 +17,9 @@ the tests that say so). Instead each concept is a module of its own, named after
   of the key), the scan at open and the move of the older layout's files into place;
 - :mod:`.sync`: how files and directories are made durable (the two sync modes, the sync
   threads, directories whose changes are not durable yet);
-- :mod:`.evicted`: what becomes of an evicted object's file (spares that later writes
-  overwrite, files that could not be deleted);
+- :mod:`.evicted`: what becomes of an evicted object's file (reused by the write that
+  evicted it, a spare that a later write overwrites, or deleted; files that could not be
+  deleted);
 - :mod:`.backend`: :class:`FilePerKeyBackend` itself: the index, writes, reads, eviction
   and removal, over the three above. Reads and verification are the shared ones of
   :mod:`gdskv.tiers.backends.base`; descriptors are cached by

@@ -33,7 +33,7 @@ from gdskv.gds.aligned import preallocate
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
 from gdskv.tiers.backends.file_per_key import sync as _sync
-from gdskv.tiers.backends.file_per_key.evicted import EvictedFiles, only_name
+from gdskv.tiers.backends.file_per_key.evicted import EvictedFiles
 from gdskv.tiers.backends.file_per_key.sync import PendingDirs, Syncer, wait_all
 from gdskv.tiers.backends.file_per_key.tree import ShardTree, load_record
 from gdskv.tiers.backends.files import TMP_SUFFIX, fit_reused_file, unlink_quietly
@@ -57,18 +57,10 @@ class FilePerKeyBackend(StorageBackend):
     #: a gdskv of layout 1 would look for every file where it no longer is.
     layout_version = 2
 
-    def __init__(
-        self,
-        root: Path,
-        engine: IoEngine,
-        *,
-        capacity: int,
-        eviction: str = "fifo",
-        verify_on_open: str = "index",
-        open_files: Optional[int] = None,
-        sync: str = "filesystem",
-    ) -> None:
-        """``open_files``: descriptors kept open for reads (None: half of the process's
+    def __init__(self, root: Path, engine: IoEngine, *, open_files: Optional[int] = None, sync: str = "filesystem", **common: Any) -> None:
+        """``common``: the options every backend takes (see :class:`StorageBackend`).
+
+        ``open_files``: descriptors kept open for reads (None: half of the process's
         ``RLIMIT_NOFILE``, at most 65536; 0: open and close a file around every read).
 
         ``sync``: how a write makes its files durable. ``"filesystem"`` (the default): one
@@ -80,7 +72,7 @@ class FilePerKeyBackend(StorageBackend):
         available, ``"filesystem"`` falls back to ``"file"`` (logged; ``stats()`` shows the
         mode in use)."""
         check_choice("file_per_key sync mode", sync, FILE_PER_KEY_SYNC_MODES)
-        super().__init__(root, engine, capacity=capacity, eviction=eviction, verify_on_open=verify_on_open)
+        super().__init__(root, engine, **common)
         #: The sync mode in use.
         self.sync = _sync.mode_in_use(sync)
         self._objects: Dict[bytes, IndexEntry] = {}
@@ -342,68 +334,23 @@ class FilePerKeyBackend(StorageBackend):
         The victims are chosen first; :attr:`evict_listener` hears all of them before any
         file goes (two-phase eviction). When even evicting every listed object would
         not make room (the rest of the cap is reserved by writes in flight),
-        :class:`NoSpaceError` is raised and nothing is evicted.
-
-        The victims' files are not deleted but reused where they can be: in "file" mode the
-        file of each victim that no read is using is renamed to the next of ``reuse_as``
-        (the write's temporary names; a shard directory removed behind the store's back is
-        made again here), to be overwritten in place (see :func:`fit_reused_file`); in
-        "filesystem" mode it is to become a spare file while the spares hold less than
-        ``nbytes`` (besides the first ``spares_taken`` ready ones, which the write takes):
-        it is kept as one (:meth:`EvictedFiles.keep_as_spare`), and the write renames it to a
-        spare name once its own writes are submitted (:meth:`EvictedFiles.settle`). The others are unlinked
-        here. A crash leaves a reused or spare file under a temporary name, which recovery
-        deletes (a victim whose file the write had not renamed yet may come back, as after
-        any crash before its eviction was synced). In "file" mode the victims' directories
-        are fsynced (side by side; one whose fsync fails by the next ``remove()``, and then
-        no victim's file is reused: they are deleted) before the lock is released; in
-        "filesystem" mode they wait for the write's first syncfs, and a ``remove()`` before
-        it fsyncs them itself (and deletes a victim's file not yet renamed). Either way a
-        ``remove()`` that finds a victim absent returns only once the victim cannot come
-        back after a crash, and no reused file takes new bytes while its victim's name may
-        still name it. Directories that
-        gained a shard directory made here are added to ``changed_dirs``, which the write
-        fsyncs before it returns. Returns the evicted keys and how many files were reused
-        (the first of ``reuse_as``)."""
+        :class:`NoSpaceError` is raised and nothing is evicted. Then their entries go, and
+        their files are reused (as the first of ``reuse_as``, the write's temporary names),
+        kept as spares (beyond the first ``spares_taken`` ready ones, which the write takes)
+        or deleted, as :meth:`EvictedFiles.dispose` says. Returns the evicted keys and how
+        many files were reused."""
         evicted: List[bytes] = self._victims_to_fit(nbytes, self._used)
         if not evicted:
             return evicted, 0
         if self.evict_listener is not None:
             self.evict_listener(list(evicted))  # before the bytes go (two-phase eviction)
-        reused = 0
-        spare_room = self._evicted.spare_room(nbytes, spares_taken)
-        victim_dirs: Set[Path] = set()
+        victims: List[Tuple[bytes, int, bool]] = []
         for key in evicted:
-            in_use = self._open.busy(key)  # (before the entry and its descriptor go)
-            size = record_size(len(key), self._objects[key].value_len)
+            busy = self._open.busy(key)  # (before the entry and its descriptor go)
+            victims.append((key, record_size(len(key), self._objects[key].value_len), busy))
             self._drop_entry(key)
-            if self.sync == "filesystem" and not in_use and spare_room > 0:
-                self._evicted.keep_as_spare(key, self.path_str(key), size)  # a spare, once the writes are out
-                spare_room -= size
-                continue
-            path = self.path_of(key)
-            victim_dirs.add(path.parent)
-            if not in_use and reused < len(reuse_as) and only_name(path) and self._tree.move(path, reuse_as[reused], changed_dirs):
-                reused += 1
-            else:
-                self._evicted.delete(key, path)
-        victim_dirs |= self._evicted.retry_undeleted()  # the ones that could not be deleted before
         self.counters["objects_evicted"] += len(evicted)
-        if self.sync == "filesystem":
-            # Made durable by the write's first syncfs (see _sync_batch), or by a remove()
-            # that comes before it.
-            self._pending_dirs.update(victim_dirs)
-            return evicted, reused
-        # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
-        # EMFILE (that takes the lock); one that fails is left to the next remove().
-        failed = self._syncer.fsync_dirs_locked(victim_dirs)
-        for directory, exc in failed.items():
-            log.warning("gdskv: could not fsync %s after an eviction: %s", directory, exc)
-            self._pending_dirs.add(directory)
-        if failed and reused:  # a victim's old name may still name its file: none takes new bytes
-            for tmp in reuse_as[:reused]:
-                unlink_quietly(tmp)
-            reused = 0
+        reused = self._evicted.dispose(victims, nbytes, spares_taken, reuse_as, changed_dirs, self._tree, self._syncer)
         return evicted, reused
 
     def _victim_size(self, key: bytes) -> int:

@@ -6,7 +6,7 @@ size. Writes into a full tier overwrite evicted files in place
 bucket backend does, but never one a read is using:
 
 - in "file" mode a write takes its own victims' files as its temporary files, once their
-  directories are fsynced (the backend's ``_make_room``);
+  directories are fsynced (:meth:`EvictedFiles.dispose`);
 - in "filesystem" mode its victims' files are renamed to spare names
   (``<shard>/spare-<n>.tmp``) once its own writes are submitted, and the *next* write takes
   them, since the first syncfs of this one has made those renames durable by then: no
@@ -26,10 +26,10 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Sequence, Set, Tuple
 
-from gdskv.tiers.backends.file_per_key.sync import PendingDirs
-from gdskv.tiers.backends.file_per_key.tree import SPARE_PREFIX
+from gdskv.tiers.backends.file_per_key.sync import PendingDirs, Syncer
+from gdskv.tiers.backends.file_per_key.tree import SPARE_PREFIX, ShardTree
 from gdskv.tiers.backends.files import TMP_SUFFIX, unlink_quietly
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,72 @@ class EvictedFiles:
         self.to_settle: Dict[bytes, Tuple[str, int]] = {}
         #: Evicted files that could not be deleted, by key.
         self.undeleted: Dict[bytes, Path] = {}
+
+    def dispose(
+        self,
+        victims: Sequence[Tuple[bytes, int, bool]],
+        nbytes: int,
+        spares_taken: int,
+        reuse_as: Sequence[str],
+        changed_dirs: Set[Path],
+        tree: ShardTree,
+        syncer: Syncer,
+    ) -> int:
+        """What becomes of the files of an eviction's ``victims`` (key, record bytes, and
+        whether a read is using its file; their entries are gone already) for a write of
+        ``nbytes``. Returns how many of ``reuse_as`` (the write's temporary names) are
+        victims' files now: the first ones.
+
+        The victims' files are not deleted but reused where they can be: in "file" mode the
+        file of each victim that no read is using is renamed to the next of ``reuse_as``
+        (a shard directory removed behind the store's back is made again here), to be
+        overwritten in place (see :func:`~gdskv.tiers.backends.files.fit_reused_file`); in
+        "filesystem" mode it is to become a spare file while the spares hold less than
+        ``nbytes`` (besides the first ``spares_taken`` ready ones, which the write takes):
+        it is kept as one (:meth:`keep_as_spare`), and the write renames it to a spare name
+        once its own writes are submitted (:meth:`settle`). The others are unlinked here. A
+        crash leaves a reused or spare file under a temporary name, which recovery deletes
+        (a victim whose file the write had not renamed yet may come back, as after any crash
+        before its eviction was synced). In "file" mode the victims' directories are fsynced
+        (side by side; one whose fsync fails by the next ``remove()``, and then no victim's
+        file is reused: they are deleted) before the lock is released; in "filesystem" mode
+        they wait for the write's first syncfs, and a ``remove()`` before it fsyncs them
+        itself (and deletes a victim's file not yet renamed). Either way a ``remove()`` that
+        finds a victim absent returns only once the victim cannot come back after a crash,
+        and no reused file takes new bytes while its victim's name may still name it.
+        Directories that gained a shard directory made here are added to ``changed_dirs``,
+        which the write fsyncs before it returns."""
+        reused = 0
+        spare_room = self.spare_room(nbytes, spares_taken)
+        victim_dirs: Set[Path] = set()
+        for key, size, busy in victims:
+            if syncer.mode == "filesystem" and not busy and spare_room > 0:
+                self.keep_as_spare(key, tree.path_str(key), size)  # a spare, once the writes are out
+                spare_room -= size
+                continue
+            path = tree.path_of(key)
+            victim_dirs.add(path.parent)
+            if not busy and reused < len(reuse_as) and only_name(path) and tree.move(path, reuse_as[reused], changed_dirs):
+                reused += 1
+            else:
+                self.delete(key, path)
+        victim_dirs |= self.retry_undeleted()  # the ones that could not be deleted before
+        if syncer.mode == "filesystem":
+            # Made durable by the write's first syncfs (the backend's _sync_batch), or by a
+            # remove() that comes before it.
+            self._pending_dirs.update(victim_dirs)
+            return reused
+        # Plain fsyncs: the lock is held here, so they cannot shed cached descriptors on
+        # EMFILE (that takes the lock); one that fails is left to the next remove().
+        failed = syncer.fsync_dirs_locked(victim_dirs)
+        for directory, exc in failed.items():
+            log.warning("gdskv: could not fsync %s after an eviction: %s", directory, exc)
+            self._pending_dirs.add(directory)
+        if failed and reused:  # a victim's old name may still name its file: none takes new bytes
+            for tmp in reuse_as[:reused]:
+                unlink_quietly(tmp)
+            reused = 0
+        return reused
 
     def take(self, tmps: List[str], count: int) -> None:
         """Make the first ``count`` ready spares the temporary files of a write's first

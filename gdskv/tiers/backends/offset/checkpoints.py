@@ -38,7 +38,7 @@ import crc32c as _crc
 from gdskv.errors import CorruptionError, FormatVersionError
 from gdskv.tiers.backends.files import TMP_SUFFIX
 from gdskv.tiers.backends.record import FORMAT_VERSION, IndexEntry, decode_index, encode_index, encode_keys
-from gdskv.tiers.backends.window import WINDOW_KEY
+from gdskv.tiers.backends.offset.window import WINDOW_KEY
 
 BASE_FILE = "checkpoint"
 DELTA_MAGIC = b"GKVD"

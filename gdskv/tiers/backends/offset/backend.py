@@ -1,88 +1,32 @@
-"""The offset backend: every object in one preallocated file, placed by an offset allocator.
+"""The offset backend itself: the index, writes, removes, reads, eviction and checkpoints
+over one preallocated data file (see the package docstring).
 
-Layout under ``<store>/offset/``::
-
-    data          ``capacity`` bytes, preallocated (fallocate); records (see :mod:`record`)
-                  at 4 KiB-aligned offsets chosen by :class:`OffsetAllocator`
-    checkpoint    the index: a base, written atomically (temporary file, fsync, rename),
-    delta-*       and what changed after it (see :mod:`checkpoints`)
-
-Eviction is object-level (FIFO or LRU) under the byte cap; ``evict_listener`` hears of the
-victims before their space can be given to a new record, also when the write that evicted
-them then fails.
-
-Durability without writing the index on every write. A checkpoint lists every live object
-(a base lists them all; a delta what changed since the checkpoint before it, see
-:mod:`checkpoints`) and a *window*: free extents (about ``window_bytes``, plus room for the batch that caused
-the checkpoint) where the records of the next writes will go; its header carries the
-*watermark*, the highest sequence number it covers (stored in the index format's bucket-id
-field; window extents are entries with an empty key, which no object has). Until the next
-checkpoint:
-
-- a write places its records inside the window only (first fit), writes them through the
-  I/O engine, fdatasyncs the file, and then makes them visible; a batch that does not fit
-  the window takes a new checkpoint first (which evicts, in policy order, enough objects to
-  leave a fresh window free);
-- ``remove`` writes a *tombstone* record (flag, no value) into the window;
-- space that objects leave (overwritten, removed, dropped) is reused only after the next
-  checkpoint, which no longer lists them, is durable. A checkpoint frees that space (and
-  evicts) before it is written, so it empties the window first and sets the new one only
-  once it is durable: after a checkpoint that failed (no room, an I/O error), nothing is
-  written into the file until one succeeds; the next write or remove takes one first.
-
-Reopening loads the checkpoint (the base, then its deltas in order), scans only the last
-one's window (:mod:`window`) for records newer than its watermark (each verified: header
-checksum, key and value CRC32C), applies them in sequence order (a record replaces an older
-one of its key; a tombstone removes it), rebuilds the allocator from the survivors, and
-writes a fresh base (deleting the deltas). Its watermark, and every sequence
-number after it, is above every one recovery saw (listed objects, and every header in the
-window that checks, tombstones and torn records included), so a number is never reused and
-a later scan never prefers a stale record. So every write acknowledged as durable
-survives a crash, and a removed key never comes back. A value that itself contains a whole
-valid record newer than the watermark could be mistaken for one in the window scan; only
-an adversarial value can do that.
-
-Without a usable checkpoint (a damaged or missing base, or a damaged delta, or one missing
-from the sequence), recovery starts empty, since the file
-alone cannot tell live records from removed or superseded ones; and it empties the data
-file (truncated, preallocated again, fsynced) before its first checkpoint, because the new
-records restart at sequence number 1 and a later window scan would take the old ones for
-newer. A crash before that checkpoint is durable leaves no usable one, so the next open
-empties the file again. A checkpoint that exists but cannot be read now (an I/O error)
-fails the open with :class:`IoError` and touches nothing: it may be readable later.
-
-Readers pin the record they read, so a checkpoint never hands its space to a new write
-while a read is in flight; eviction passes over pinned records (evicting one would free
-nothing until its read ends), and a write that finds no room without them fails with
-NoSpaceError, leaving them stored.
+A write places its records inside the window only (first fit), writes them through the I/O
+engine, fdatasyncs the file, and then makes them visible; a batch that does not fit the
+window takes a new checkpoint first. ``remove`` writes a tombstone record into the window.
+Space that objects leave is reused only after the next checkpoint, which no longer lists
+them, is durable. Readers pin the record they read, so a checkpoint never hands its space
+to a new write while a read is in flight.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from gdskv.errors import ConfigError, CorruptionError, FormatVersionError, GdskvError, InvalidValueError, IoError, NoSpaceError
+from gdskv.errors import CorruptionError, GdskvError, InvalidValueError, IoError, NoSpaceError
 from gdskv.gds.engine import IoEngine, IoOp, IoRequest
 from gdskv.tiers.allocator import OffsetAllocator
 from gdskv.tiers.backends.base import ReadItem, RecordReader, RecoveryReport, StorageBackend, WriteItem
-from gdskv.tiers.backends.checkpoints import (
-    BASE_FILE,
-    base_is_due,
-    delta_files,
-    delta_name,
-    encode_base,
-    encode_delta,
-    is_temporary,
-    read_checkpoint,
-)
 from gdskv.tiers.backends.coalesce import coalesced_writes
-from gdskv.tiers.backends.files import fsync_dir, unlink_quietly, write_file_atomic
+from gdskv.tiers.backends.offset import recovery
+from gdskv.tiers.backends.offset.checkpoint_log import CheckpointLog
+from gdskv.tiers.backends.offset.checkpoints import BASE_FILE, Checkpoint
+from gdskv.tiers.backends.offset.window import default_window, in_window, merge_extents, pick_window
 from gdskv.tiers.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,
@@ -96,9 +40,8 @@ from gdskv.tiers.backends.record import (
     record_size,
     record_start,
 )
-from gdskv.tiers.backends.window import default_window, in_window, merge_extents, pick_window, scan_window
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gdskv.tiers.backends.offset")  # the whole package logs as the one module did
 
 _READ = IoOp.READ
 
@@ -112,46 +55,26 @@ class OffsetBackend(StorageBackend):
     subdir = "offset"
     layout_version = 2  # checkpoint deltas: a gdskv that reads only the base must refuse the store
 
-    def __init__(
-        self,
-        root: Path,
-        engine: IoEngine,
-        *,
-        capacity: int,
-        eviction: str = "fifo",
-        verify_on_open: str = "index",
-        window_bytes: Optional[int] = None,
-    ) -> None:
+    def __init__(self, root: Path, engine: IoEngine, *, capacity: int, window_bytes: Optional[int] = None, **common: Any) -> None:
+        """``common``: the other options every backend takes (see :class:`StorageBackend`)."""
         if capacity // ALIGN * ALIGN <= 0:
             raise NoSpaceError("the offset backend needs at least 4 KiB", capacity=capacity)
         # The base sets up dir, engine, policy, _lock (index, allocator, pins: held briefly).
-        super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, eviction=eviction, verify_on_open=verify_on_open)
+        super().__init__(root, engine, capacity=capacity // ALIGN * ALIGN, **common)
         self.data_path = self.dir / DATA_FILE
         self._path = str(self.data_path)  # for error messages, made once
         self.checkpoint_path = self.dir / BASE_FILE
+        #: What the next checkpoint writes, and which are on disk (``_lock``).
+        self._checkpoint_log = CheckpointLog(self.dir)
         self.window_bytes = min(window_bytes or default_window(self.capacity), self.capacity)
         self._wlock = threading.Lock()  # writes, removes, checkpoints: one at a time
         self._alloc = OffsetAllocator(self.capacity, alignment=ALIGN)
         self._objects: Dict[bytes, IndexEntry] = {}
         self._deferred: List[int] = []  # record offsets to free after the next checkpoint
-        #: Keys gone from the index (evicted, removed, dropped) that the checkpoint on disk still
-        #: lists and no durable tombstone outranks: cleared by each checkpoint (lock held).
-        self._dropped: Dict[bytes, int] = {}  # key -> the number of its latest drop
-        self._drops = itertools.count()
         self._pins: Dict[int, int] = {}
         self._window: List[Tuple[int, int]] = []  # sorted (start, end)
         self._watermark = 0
         self._next_seq = 1
-        #: Index changes since the last durable checkpoint: key -> its new entry, or None
-        #: (evicted, removed, dropped). The next delta lists them (``_lock``).
-        self._changed: Dict[bytes, Optional[IndexEntry]] = {}
-        self._base = 0  # watermark of the base on disk, which names its deltas
-        self._deltas = 0  # deltas written since that base
-        self._delta_bytes = 0
-        self._base_bytes = 0
-        #: The next checkpoint is a base: at open, and after a base write failed (it may
-        #: still have landed, and deltas named for the base before would then be stale).
-        self._base_due = True
         self._fd: Optional[int] = None
         self._closed = False
         self.counters = {
@@ -186,18 +109,17 @@ class OffsetBackend(StorageBackend):
         the fresh checkpoint's watermark covers them all: no later write reuses a number,
         so no later scan can prefer a stale record to an acknowledged one. Without a usable
         checkpoint (missing or damaged) the data file is emptied before that checkpoint
-        (see the module docstring)."""
+        (see the package docstring)."""
         report = RecoveryReport()
+        recovery.remove_temporaries(self.dir)
+        # First: a newer format raises before any file is touched.
+        checkpoint = recovery.load_checkpoint(self.dir, self.capacity, report)
+        if checkpoint is not None:
+            self._watermark = checkpoint.watermark
+            self._next_seq = max(checkpoint.watermark, checkpoint.newest) + 1
+        self._fd = recovery.open_data_file(self.engine, self.data_path, self.capacity, empty=checkpoint is None)
         try:
-            temporaries = [path for path in self.dir.iterdir() if is_temporary(path.name)]
-        except OSError as exc:
-            raise IoError(f"cannot list the checkpoint files: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
-        for path in temporaries:
-            unlink_quietly(path)
-        loaded = self._load_checkpoint(report)  # first: a newer format raises before any file is touched
-        self._open_data_file(empty=loaded is None)
-        try:
-            self._rebuild(loaded, report)
+            self._rebuild(checkpoint, report)
         except BaseException:
             # Not recovered (a window that cannot be read now, an interrupt): close the file
             # and leave everything as it is. close() then writes no checkpoint of a
@@ -212,29 +134,20 @@ class OffsetBackend(StorageBackend):
             )
         return report
 
-    def _rebuild(self, loaded: Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]], report: RecoveryReport) -> None:
-        """The index from the checkpoint ``loaded`` (None: none) and the window scan, then a
-        fresh checkpoint (see :meth:`recover`). The data file is open."""
-        entries, window = loaded if loaded is not None else ({}, [])
+    def _rebuild(self, checkpoint: Optional[Checkpoint], report: RecoveryReport) -> None:
+        """The index from ``checkpoint`` (None: none) and the window's records past it, then
+        a fresh checkpoint (see :meth:`recover`). The data file is open."""
+        entries, window = (checkpoint.objects, checkpoint.window) if checkpoint is not None else ({}, [])
         assert self._fd is not None
-        found, newest = scan_window(self.engine, self._fd, str(self.data_path), window, self._watermark, report)
+        newest = recovery.replay_window(self.engine, self._fd, self._path, entries, window, self._watermark, report)
         self._next_seq = max(self._next_seq, newest + 1)
-        for seq, flags, entry in sorted(found, key=lambda f: f[0]):
-            current = entries.get(entry.key)
-            if current is not None and current.seq >= seq:
-                continue
-            if flags & FLAG_TOMBSTONE:
-                entries.pop(entry.key, None)
-            else:
-                entries[entry.key] = entry
         with RecordReader(self.engine) as reader:
             self._index_recovered(entries, reader, report)
         report.objects = len(self._objects)
         report.bytes = sum(e.value_len for e in self._objects.values())
         report.containers = 1
         with self._wlock:
-            self._changed.clear()
-            self._base_due = True  # what recovery found, in full; the deltas read go
+            self._checkpoint_log.restart()
             self._checkpoint([])
 
     def _index_recovered(self, entries: Dict[bytes, IndexEntry], reader: RecordReader, report: RecoveryReport) -> None:
@@ -257,96 +170,6 @@ class OffsetBackend(StorageBackend):
                 continue
             self._objects[entry.key] = entry
             self._policy.insert(entry.key)
-
-    def _open_data_file(self, *, empty: bool) -> None:
-        """Open (or create) the data file and preallocate it to ``capacity``.
-
-        With ``empty`` (no usable checkpoint), a file that holds anything is first cut to
-        zero length, reallocated and fsynced, before the fresh checkpoint (watermark 0) is
-        written: its old records, removed and superseded ones included, carry sequence
-        numbers that the new ones would restart below, so a later window scan could bring
-        them back. A crash before that checkpoint leaves no usable one either, and the next
-        open empties the file again."""
-        try:
-            fd = self.engine.open_file(self.data_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise IoError(f"cannot open the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
-        try:
-            if empty and os.fstat(fd).st_size:
-                log.warning("gdskv: no usable checkpoint, emptying the data file %s", self.data_path)
-                os.ftruncate(fd, 0)
-        except OSError as exc:
-            os.close(fd)
-            raise IoError(f"cannot empty the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
-        try:
-            if os.fstat(fd).st_size < self.capacity:
-                os.posix_fallocate(fd, 0, self.capacity)
-        except OSError as exc:
-            os.close(fd)
-            raise NoSpaceError(
-                "cannot preallocate the offset backend's file", path=str(self.data_path),
-                capacity=self.capacity, errno=exc.errno,
-            ) from exc
-        if empty:
-            try:
-                os.fsync(fd)  # the emptied file is durable before a checkpoint can follow it
-            except OSError as exc:
-                os.close(fd)
-                raise IoError(f"cannot sync the data file: {exc.strerror}", path=str(self.data_path), errno=exc.errno) from exc
-        self._fd = fd
-
-    def _load_checkpoint(self, report: RecoveryReport) -> Optional[Tuple[Dict[bytes, IndexEntry], List[Tuple[int, int]]]]:
-        """The objects and window of the checkpoint on disk (the base with its deltas
-        applied; its watermark into ``_watermark`` and ``_next_seq``); None when there is
-        no usable one, and the data file must be emptied."""
-        try:
-            checkpoint = read_checkpoint(self.dir, capacity=self.capacity)
-        except FormatVersionError:
-            raise
-        except CorruptionError as exc:
-            # Without its index the file cannot tell live records from removed ones: start
-            # empty rather than bring back what was removed.
-            log.warning("gdskv: damaged checkpoint, dropping every object of %s: %s", self.dir, exc)
-            report.dropped_corrupt += 1
-            self._drop_unusable_checkpoint()
-            return None
-        except OSError as exc:  # it may be readable later: fail the open, touch nothing
-            raise IoError(f"cannot read the checkpoint: {exc.strerror}", path=str(exc.filename or self.checkpoint_path), errno=exc.errno) from exc
-        if checkpoint is None:
-            # A new store, or one that crashed before its first checkpoint was durable (one
-            # is written at open before any write), or a checkpoint deleted from beside its
-            # data: the data file cannot be trusted either way.
-            self._drop_unusable_checkpoint()
-            return None
-        if checkpoint.capacity > self.capacity:
-            # Records past the new end would be lost, and with them tombstones that keep
-            # removed keys from coming back: refuse, and touch nothing.
-            raise ConfigError(
-                "an offset store cannot shrink: open it with its capacity or more, or remove its "
-                "directory to start an empty one", path=str(self.dir), stored=checkpoint.capacity, requested=self.capacity,
-            )
-        self._watermark = checkpoint.watermark
-        self._next_seq = max(checkpoint.watermark, checkpoint.newest) + 1
-        return checkpoint.objects, checkpoint.window
-
-    def _drop_unusable_checkpoint(self) -> None:
-        """Delete the checkpoint's files, durably, before a store without a usable one
-        starts over: its sequence numbers restart, and a later base could take an old delta
-        for its own. The base goes first (durably): a base left without its deltas would
-        be taken for the whole state by the next open, should this one stop before its new
-        base is written, and the keys they removed would come back. (A damaged base without
-        deltas is left: the next open finds it damaged again.) Raises IoError."""
-        try:
-            stale = delta_files(self.dir)
-            if not stale:
-                return
-            self.checkpoint_path.unlink(missing_ok=True)
-            fsync_dir(self.dir)
-            for _base, _n, path in stale:
-                path.unlink(missing_ok=True)
-            fsync_dir(self.dir)
-        except OSError as exc:
-            raise IoError(f"cannot delete an unusable checkpoint: {exc.strerror}", path=str(self.dir), errno=exc.errno) from exc
 
     def _verify_record(self, reader: RecordReader, entry: IndexEntry) -> bool:
         """Whether the record of ``entry`` is intact (see :meth:`RecordReader.verify`)."""
@@ -406,64 +229,31 @@ class OffsetBackend(StorageBackend):
             for offset, size in zip(offsets, sizes):
                 window.append((offset, offset + self._alloc.rounded(size)))
             window = merge_extents(window)
-            base = self._base_due or base_is_due(self._deltas, self._delta_bytes, self._base_bytes)
+            base = self._checkpoint_log.base_next()
             if base:
                 self._next_seq += 1  # a number no record takes: this base's own, naming its deltas
-                listed = list(self._objects.values())
-            watermark = self._next_seq - 1
-            changes, self._changed = self._changed, {}  # a change after this is in the next one
-            unlisted = dict(self._dropped)  # a key dropped after this is in ``listed`` / ``changes``
+            # A change or drop after this is in the next checkpoint.
+            taken = self._checkpoint_log.take(self._next_seq - 1, self._objects.values() if base else None)
         try:
-            if base:
-                path, data = self.checkpoint_path, encode_base(watermark, self.capacity, listed, window)
-            else:
-                added = [entry for entry in changes.values() if entry is not None]
-                gone = [key for key, entry in changes.items() if entry is None]
-                path = self.dir / delta_name(self._base, self._deltas + 1)
-                data = encode_delta(self._base, watermark, self.capacity, added, gone, window)
-            write_file_atomic(path, data)
+            nbytes = self._checkpoint_log.write(taken, self.capacity, window)
         except BaseException:  # (an IoError; a MemoryError or an interrupt loses nothing either)
             with self._lock:
                 for offset in offsets:
                     self._alloc.free(offset)
-                for key, entry in changes.items():  # still to be written: the newer change wins
-                    self._changed.setdefault(key, entry)
-            # The file may have landed all the same (its directory's fsync failed). A delta
-            # that did is written again, under the same name, by the next checkpoint. A base
-            # that did has a new watermark, which the deltas named for the base before do not
-            # match: so after a failed base the next checkpoint is a base too.
-            self._base_due = self._base_due or base
+                self._checkpoint_log.failed(taken)
             raise
         with self._lock:
-            for key, drop in unlisted.items():  # the checkpoint on disk does not list them any more
-                if self._dropped.get(key) == drop:  # (dropped again meanwhile: it may list that one)
-                    del self._dropped[key]
+            self._checkpoint_log.written(taken, nbytes)
         if base:
-            self._base, self._deltas, self._delta_bytes, self._base_bytes = watermark, 0, 0, len(data)
-            self._base_due = False
             self.counters["checkpoint_bases"] += 1
-        else:
-            self._deltas += 1
-            self._delta_bytes += len(data)
         self._window = window
-        self._watermark = watermark
+        self._watermark = taken.watermark
         self.counters["checkpoints"] += 1
-        self.counters["checkpoint_bytes"] += len(data)
+        self.counters["checkpoint_bytes"] += nbytes
         self.counters["checkpoint_seconds"] += time.perf_counter() - started  # (its evictions included)
         if base:
-            self._delete_stale_deltas()
+            self._checkpoint_log.delete_stale_deltas()
         return offsets, evicted
-
-    def _delete_stale_deltas(self) -> None:
-        """Delete the deltas of earlier bases, which the base just written lists in full.
-        Best effort: one left behind is never applied to another base (it names its own),
-        and the next base, or open, tries again."""
-        try:
-            for of_base, _n, stale in delta_files(self.dir):
-                if of_base != self._base:
-                    unlink_quietly(stale)
-        except OSError as exc:
-            log.warning("gdskv: could not list old checkpoint deltas in %s: %s", self.dir, exc)
 
     def _try_place(self, sizes: Sequence[int]) -> Optional[List[int]]:
         """Allocate every size or none. ``_lock`` held."""
@@ -505,12 +295,11 @@ class OffsetBackend(StorageBackend):
             return
         if self.evict_listener is not None:
             self.evict_listener(list(keys))
-        objects, changed, dropped, drops, pins = self._objects, self._changed, self._dropped, self._drops, self._pins
+        objects, gone, pins = self._objects, self._checkpoint_log.gone, self._pins
         forget, free = self._policy.remove, self._alloc.free  # (per object: a window can evict thousands)
         for key in keys:
             entry = objects.pop(key)
-            changed[key] = None
-            dropped[key] = next(drops)
+            gone(key)
             forget(key)
             offset = record_start(entry)
             if pins and pins.get(offset):
@@ -561,7 +350,7 @@ class OffsetBackend(StorageBackend):
                         self._deferred.append(record_start(older))
                         self._policy.remove(entry.key)
                     self._objects[entry.key] = entry
-                    self._changed[entry.key] = entry
+                    self._checkpoint_log.put(entry)
                     self._policy.insert(entry.key)
                 self.counters["bytes_written"] += sum(sizes)
         return evicted
@@ -588,11 +377,10 @@ class OffsetBackend(StorageBackend):
             self._check_open()
             with self._lock:
                 entry = self._objects.pop(key, None)
-                if entry is None and key not in self._dropped:
+                if entry is None and not self._checkpoint_log.still_listed(key):
                     return False
                 if entry is not None:
-                    self._changed[key] = None
-                    self._dropped[key] = next(self._drops)
+                    self._checkpoint_log.gone(key)
                     self._policy.remove(key)
                     self._deferred.append(record_start(entry))
             if entry is None:
@@ -621,7 +409,7 @@ class OffsetBackend(StorageBackend):
                 return True
             with self._lock:
                 self._deferred.append(offsets[0])
-                self._dropped.pop(key, None)  # the tombstone outranks what the checkpoint lists
+                self._checkpoint_log.outranked(key)  # by the tombstone just written
             self.counters["tombstones"] += 1
             return True
 
@@ -678,8 +466,7 @@ class OffsetBackend(StorageBackend):
             return  # removed, overwritten or evicted meanwhile
         log.warning("gdskv: dropping replica of %r in %s at offset %d: %s", entry.key[:64], self.data_path, entry.value_offset, why)
         del self._objects[entry.key]
-        self._changed[entry.key] = None
-        self._dropped[entry.key] = next(self._drops)  # the checkpoint on disk may still list it
+        self._checkpoint_log.gone(entry.key)  # the checkpoint on disk may still list it
         self._policy.remove(entry.key)
         self._deferred.append(record_start(entry))
 
@@ -693,7 +480,7 @@ class OffsetBackend(StorageBackend):
         return {
             "window_bytes": sum(end - start for start, end in self._window),
             "free_extents": self._alloc.free_extents,
-            "checkpoint_deltas": self._deltas,  # written since the last base
+            "checkpoint_deltas": self._checkpoint_log.deltas,  # written since the last base
         }
 
     def close(self) -> None:
