@@ -1,4 +1,9 @@
-"""The store directory: its lock (one process at a time) and its format metadata."""
+"""The store directory: its lock (one process at a time) and its format metadata.
+
+The lock is an exclusive ``flock`` on ``LOCK``; the process that holds it writes its pid
+into the file, so that one refused (:class:`StoreLockedError`, with ``holder_pid``) can
+say which process has the store (:func:`lock_holder`).
+"""
 
 from __future__ import annotations
 
@@ -32,13 +37,36 @@ def open_store_directory(path: Path, config: StoreConfig) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise StoreLockedError("store directory is open in another process", path=str(path)) from None
+        holder = lock_holder(path)
+        context = {"path": str(path)} if holder is None else {"path": str(path), "holder_pid": holder}
+        raise StoreLockedError("store directory is open in another process", **context) from None
     try:
+        _record_holder(fd)
         _check_meta(path / META_FILE, config)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _record_holder(fd: int) -> None:
+    """Write this process's pid into the lock file it holds (best effort: the lock is the
+    flock, the pid only names its holder)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:
+        log.debug("gdskv: cannot record the lock holder: %s", exc)
+
+
+def lock_holder(path: "str | os.PathLike[str]") -> "int | None":
+    """The pid of the process that holds (or last held) the lock of the store directory
+    ``path``, as it recorded it; None when none is recorded."""
+    try:
+        raw = (Path(path) / LOCK_FILE).read_text().strip()
+    except OSError:
+        return None
+    return int(raw) if raw.isdigit() else None
 
 
 def stored_backend(path: Path) -> "str | None":

@@ -6,6 +6,7 @@ DRAM only; after the error all of them read back byte-exact, and again after a r
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -201,7 +202,7 @@ import sys, gdskv
 try:
     gdskv.open(sys.argv[1], dram="1MiB", ssd="8MiB")
 except gdskv.StoreLockedError as exc:
-    print("StoreLockedError", exc.context["path"])
+    print("StoreLockedError", exc.context["path"], exc.context.get("holder_pid"))
 else:
     print("opened")
 """
@@ -210,7 +211,7 @@ else:
 def test_second_process_is_refused_while_the_store_is_open(store):
     probe = [sys.executable, "-c", LOCK_PROBE, str(store.path)]
     out = subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    assert out == ["StoreLockedError", str(store.path)]
+    assert out == ["StoreLockedError", str(store.path), str(os.getpid())]  # names the process that has it
     with pytest.raises(StoreLockedError):  # a second open in this process is refused too
         gdskv.open(store.path, **OPTIONS)
     verify_intact(store)

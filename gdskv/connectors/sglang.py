@@ -31,8 +31,14 @@ own prefetch and backup threads):
 - With ``"interface_v1": 1`` in the extra config SGLang calls ``batch_get_v1`` /
   ``batch_set_v1`` with host-pool indices instead of tensors; both are implemented over
   the host pool's ``get_data_page`` / ``set_from_flat_data_page``.
-- A store that cannot be opened, or fails, gives misses and a warning; SGLang keeps
-  serving.
+- The extra config's ``mode`` says how the store is reached (``auto``, the default:
+  the host's node, started by the first rank that finds none; ``embedded``; ``node``;
+  ``cluster``; see :mod:`gdskv.engine.attach`). With a node, every rank of every SGLang
+  instance on the host shares one store; each rank keys its own pages (the TP rank is in
+  the namespace).
+- A store that cannot be opened, or fails, or whose node is gone, gives misses and a
+  warning (``batch_set`` returns False); SGLang keeps serving, and a node that comes back
+  is attached again.
 
 MHA host pools only (``layer_num``, ``head_num``, ``head_dim``); an MLA pool is refused with
 a ConfigError.
@@ -123,7 +129,10 @@ class GdskvHiCacheStorage(HiCacheStorage):
         if storage_config.is_mla_model:
             raise ConfigError("gdskv's SGLang backend supports MHA models only (MLA host pools are not handled yet)")
         self.model_id = model_id
-        self.store = acquire_store(self.attach)
+        who = f"SGLang TP rank {storage_config.tp_rank} of {storage_config.tp_size}"
+        if storage_config.pp_size > 1:
+            who += f", PP rank {storage_config.pp_rank}"
+        self.store = acquire_store(self.attach, role=who)
         self.allocator: Optional[OffloadingAllocator] = None
         self._pages: Optional[_PageBuffers] = None
         self._closed = False
@@ -206,8 +215,8 @@ class GdskvHiCacheStorage(HiCacheStorage):
 
     def _save(self, keys: List[str], *, buffers: Sequence[Any] = (), indices: Sequence[int] = ()) -> bool:
         alloc = self._ready()
-        if alloc.store is None:
-            return False
+        if alloc.store is None or not getattr(alloc.store, "available", True):
+            return False  # no store, or its node is gone: nothing would be kept
         with alloc._lock:
             self._bind(buffers, indices)
             before = alloc.stats()["save"].get("dropped_full", 0)

@@ -6,16 +6,22 @@ Load it into vLLM (v1 engine) with::
                      kv_role="kv_both", kv_load_failure_policy="recompute",
                      kv_connector_extra_config={"path": "/var/tmp/gdskv", "dram": "8GiB", "ssd": "200GiB"})
 
-The extra config is :class:`~gdskv.engine.attach.AttachConfig`. vLLM builds the connector
-twice, once per role; both sit on the same :class:`~gdskv.engine.allocator.OffloadingAllocator`
-logic (prefix keys, lookup, load, save) as every other gdskv engine integration:
+The extra config is :class:`~gdskv.engine.attach.AttachConfig`; writing only ``path`` is
+enough (mode ``auto``: the engine's processes share the host's node, the first one that
+finds none starts it). vLLM builds the connector once per role, in vLLM's default layout
+in different processes (the scheduler in the engine core, each TP rank's worker in its
+own); both sit on the same :class:`~gdskv.engine.allocator.OffloadingAllocator` logic
+(prefix keys, lookup, load, save) as every other gdskv engine integration:
 
 Scheduler side (``KVConnectorRole.SCHEDULER``):
 
 - ``get_num_new_matched_tokens(request, num_computed_tokens)``: the leading whole pages of
   the prompt that gdskv holds (store or save queue), at most all but the last token, minus
-  what vLLM's own prefix cache already has. Side-effect free; loads are synchronous
-  (``False``). A store that is down answers 0 (misses and a warning). Requests whose KV
+  what vLLM's own prefix cache already has. With tensor parallelism each rank stores its
+  own part of a page under its own keys (the rank is in the namespace): a page counts
+  only when every rank's part is stored (the shortest rank's leading run). Side-effect
+  free; loads are synchronous (``False``). A store that is down answers 0 (misses and a
+  warning). Requests whose KV
   depends on more than their token ids (multimodal inputs, a LoRA adapter, a cache salt,
   prompt embeddings) are neither looked up nor saved.
 - ``update_state_after_alloc``: remembers which of the request's blocks receive the pages
@@ -43,10 +49,12 @@ Worker side (``KVConnectorRole.WORKER``):
   thread puts them into the store. It never waits for the store. A layer whose hook did
   not run is copied here for saves, and reported as a failed load (recomputed) for loads.
 
-The scheduler and the worker of one engine process share one store
-(:func:`~gdskv.engine.attach.acquire_store`), and the scheduler's lookups see the worker's
-save queue. ``stats()`` reports the connector's counters and its allocator's;
-:func:`connectors` lists the live connectors of this process.
+The connectors of one process share one store object
+(:func:`~gdskv.engine.attach.acquire_store`), and a scheduler's lookups see the save queue
+of a worker in its process; the connectors of other processes reach the same store
+through the node. ``stats()`` reports the connector's counters and its allocator's
+(``store_unavailable``: 1 when no store could be reached at start); :func:`connectors`
+lists the live connectors of this process.
 """
 
 from __future__ import annotations
@@ -69,7 +77,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from gdskv.engine.allocator import OffloadConfig, OffloadingAllocator
 from gdskv.engine.attach import AttachConfig, acquire_store, release_store
 from gdskv.engine.layout import PageLayout
-from gdskv.engine.prefix import KeyNamespace
+from gdskv.engine.prefix import KeyNamespace, PrefixKeys
 from gdskv.engine.tensor_pages import NoPagesEngine, TensorPagesEngine
 from gdskv.errors import ConfigError, GdskvError
 
@@ -153,9 +161,15 @@ class GdskvConnector(KVConnectorBase_V1):
         model_id = self.attach.model_id or _model_id(vllm_config)
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         tp_rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
+        self.tp_size = tp_size
         self.offload = OffloadConfig(model_id=model_id, tp_rank=tp_rank, tp_size=tp_size, staging_bytes=self.attach.staging_bytes)
         self.namespace = KeyNamespace.for_layout(model_id, self.layout, tp_rank=tp_rank, tp_size=tp_size)
-        self.store = acquire_store(self.attach)
+        # The scheduler counts a page as cached when every rank's part of it is stored.
+        self._rank_keys = [
+            PrefixKeys(KeyNamespace.for_layout(model_id, self.layout, tp_rank=r, tp_size=tp_size)) for r in range(tp_size)
+        ]
+        who = "vLLM scheduler" if role == KVConnectorRole.SCHEDULER else f"vLLM worker, TP rank {tp_rank} of {tp_size}"
+        self.store = acquire_store(self.attach, role=who)
         self._worker_key = (self.attach.path, self.namespace.tag)
         self.allocator: Optional[OffloadingAllocator] = None
         self._requests: Dict[str, _Request] = {}
@@ -179,7 +193,7 @@ class GdskvConnector(KVConnectorBase_V1):
             ),
             0,
         )
-        if self.store is None:
+        if self.store is None or not getattr(self.store, "available", True):
             self.counters["store_unavailable"] = 1
         if role == KVConnectorRole.SCHEDULER:
             self.allocator = OffloadingAllocator(
@@ -198,10 +212,8 @@ class GdskvConnector(KVConnectorBase_V1):
         usable = max(0, (len(tokens) - 1) // self.page_size)
         if usable == 0 or num_computed_tokens >= usable * self.page_size:
             return 0, False
-        allocator = self._lookup_allocator()
-        keys = allocator.keys.page_keys(tokens, usable)
         local_pages = num_computed_tokens // self.page_size
-        hit = (local_pages + allocator.stored_pages(keys[local_pages:])) * self.page_size
+        hit = (local_pages + self._stored_pages(tokens, local_pages, usable)) * self.page_size
         self.counters["lookups"] += 1
         self.counters["lookup_hit_tokens"] += hit
         self._hits[request.request_id] = (num_computed_tokens, hit)
@@ -268,9 +280,22 @@ class GdskvConnector(KVConnectorBase_V1):
         self._hits.pop(request.request_id, None)
         return False, None
 
-    def _lookup_allocator(self) -> OffloadingAllocator:
+    def _stored_pages(self, tokens: List[int], start: int, end: int) -> int:
+        """Pages ``start..end-1`` of ``tokens`` that the store holds (or a save queue of this
+        process) for every TP rank: the shortest rank's leading run."""
+        found = end - start
+        for keys in self._rank_keys:
+            if found == 0:
+                break
+            page_keys = keys.page_keys(tokens, start + found)[start:]
+            found = self._lookup_allocator(keys.namespace.tag).stored_pages(page_keys)
+        return found
+
+    def _lookup_allocator(self, tag: Optional[str] = None) -> OffloadingAllocator:
+        """The worker allocator of this process for namespace ``tag`` (its save queue counts
+        as stored), else the scheduler's own."""
         with _workers_lock:
-            ref = _workers.get(self._worker_key)
+            ref = _workers.get((self.attach.path, tag) if tag is not None else self._worker_key)
         worker = ref() if ref is not None else None
         if worker is not None and worker.store is self.store and self.store is not None:
             return worker

