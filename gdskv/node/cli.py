@@ -59,6 +59,10 @@ def parse_sets(pairs: List[str]) -> Dict[str, Any]:
 
 
 def _coerce(raw: str) -> Any:
+    """``--set`` values: integers, numbers, booleans (true/false, yes/no, on/off), else text."""
+    flag = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}.get(raw.lower())
+    if flag is not None:
+        return flag
     for cast in (int, float):
         try:
             return cast(raw)

@@ -56,3 +56,11 @@ def test_a_node_told_to_exit_when_idle_does_so_once_its_last_client_leaves(node_
     kv.close()
     assert node.proc.wait(30) == 0
     assert json.loads(node.proc.stdout.readline())["event"] == "idle"
+
+
+def test_set_takes_booleans_numbers_and_words():
+    from gdskv.node.cli import parse_sets
+
+    assert parse_sets(["direct_io=false", "dram_huge_pages=on", "bucket_bytes=1048576", "put_timeout_s=2.5", "eviction=lru"]) == {
+        "direct_io": False, "dram_huge_pages": True, "bucket_bytes": 1048576, "put_timeout_s": 2.5, "eviction": "lru",
+    }
