@@ -170,8 +170,16 @@ def send_frame(sock: socket.socket, code: int, *parts: "bytes | bytearray | memo
     send_pieces(sock, frame(code, *parts))
 
 
+#: Frames up to this size are joined and sent with one ``sendall``; larger ones (inline
+#: values) go with ``sendmsg``, without a copy.
+JOIN_BYTES = 64 << 10
+
+
 def send_pieces(sock: socket.socket, pieces: List["bytes | bytearray | memoryview"]) -> None:
-    """Send every byte of ``pieces`` in order, in one ``sendmsg`` where the socket takes it."""
+    """Send every byte of ``pieces`` in order, in one system call where the socket takes it."""
+    if sum(map(len, pieces)) <= JOIN_BYTES:
+        sock.sendall(b"".join(pieces))
+        return
     views = [memoryview(p).cast("B") for p in pieces if len(p)]
     while views:
         sent = sock.sendmsg(views)
