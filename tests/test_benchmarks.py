@@ -52,3 +52,14 @@ def test_bench_store_rejects_bad_sizes(tmp_path):
     )
     assert proc.returncode == 2
     assert "--size must hold at least one --block" in proc.stderr
+
+
+def test_bench_node_smoke(tmp_path):
+    out = run_benchmark("bench_node.py", "--size", "8MiB", "--block", "1MiB", "--repeat", "1", "--batch", "4",
+                        "--dir", str(tmp_path / "node"), "--cluster", timeout=180)
+    assert any(ln.startswith("embedded put ") for ln in out.splitlines())
+    for row in ("attached put", "attached batch_put", "cluster put", "cluster batch_put",
+                "attached get_into", "attached batch_get_into"):
+        line = next((ln for ln in out.splitlines() if ln.startswith(row + " ")), None)
+        assert line is not None, row
+        assert re.search(r"\d+\.\d\dx  >= 0\.\dx (met|missed)", line), line
