@@ -22,6 +22,13 @@ def run_bench(tmp_path, env=None, engines="psync,uring", extra=()):
     return done.stdout
 
 
+def skip_without_uring() -> None:
+    from conftest import uring_unavailable
+
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+
+
 def has_ratio(row) -> bool:
     return any(t.endswith("x") and t[:1].isdigit() for t in row)
 
@@ -71,6 +78,7 @@ def test_a_sync_variant_of_file_per_key_gets_its_own_large_object_rows(tmp_path)
 def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):
     """fio on 4 KiB pages is slower than the device here: a target checked against it
     would flatter gdskv."""
+    skip_without_uring()
     if not shutil.which("fio"):
         pytest.skip("fio is not installed")
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
@@ -86,6 +94,7 @@ def test_fio_on_its_default_buffers_gives_ratios_but_no_verdicts(tmp_path):
 def test_each_gdskv_run_is_paired_with_a_fio_run_taken_right_before_it(tmp_path):
     """fio runs once per engine x backend and repeat, and every gdskv figure carries its
     ratio to that fio run (the disk's speed drifts between runs a minute apart)."""
+    skip_without_uring()
     if not shutil.which("fio"):
         pytest.skip("fio is not installed")
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
@@ -105,6 +114,7 @@ def test_each_gdskv_run_is_paired_with_a_fio_run_taken_right_before_it(tmp_path)
 def test_more_read_pairs_read_each_store_again_after_a_fio_read_of_their_own(tmp_path):
     """``--read-pairs 3``: each store written is read three times, each read right after a
     fio read, and each read's ratio is to that fio read; writes keep one pair each."""
+    skip_without_uring()
     if not shutil.which("fio"):
         pytest.skip("fio is not installed")
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent.parent)}
