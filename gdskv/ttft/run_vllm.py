@@ -25,7 +25,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -104,16 +104,24 @@ class _VllmRun:
     conversations' histories."""
 
     def __init__(
-        self, name: str, cfg: TtftConfig, p: Plan, workload: Workload, model_dir: Path, path: Path, max_len: int, vocab: int
+        self,
+        name: str,
+        cfg: TtftConfig,
+        p: Plan,
+        workload: Workload,
+        model_dir: Path,
+        path: Path,
+        max_len: int,
+        vocab: int,
+        options: Any = "derive",
     ) -> None:
+        """``options``: the store's ``gdskv.open`` options (None: no connector); by default
+        those of configuration ``name`` (:func:`~gdskv.ttft.workload.store_options`)."""
         self.name, self.cfg, self.workload, self.path, self.vocab = name, cfg, workload, path, vocab
-        options = store_options(name, p)
-        attach = None
-        if options is not None:
-            extra = {k: v for k, v in options.items() if k not in ("dram", "ssd")}
-            # Embedded: the engine runs in this process, and the runner reads its store.
-            attach = dict(path=str(path), mode="embedded", dram=options["dram"], ssd=options["ssd"], store_options=extra)
+        if options == "derive":
+            options = store_options(name, p)
         self.has_ssd = bool(options and options.get("ssd"))
+        attach = self.attach_config(options)
         self.engine = VllmEngine(
             model_dir, gdskv=attach, block_size=cfg.page_size, kv_cache_bytes=p.pool_pages * p.page_nbytes, max_model_len=max_len
         )
@@ -123,6 +131,14 @@ class _VllmRun:
         self._warm_up()
         self.history = [f.copy() for f in workload.first]
         self.previous = [0] * cfg.conversations
+
+    def attach_config(self, options: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """The connector's extra config for a store with ``options`` (None: no connector)."""
+        if options is None:
+            return None
+        extra = {k: v for k, v in options.items() if k not in ("dram", "ssd")}
+        # Embedded: the engine runs in this process, and the runner reads its store.
+        return dict(path=str(self.path), mode="embedded", dram=options["dram"], ssd=options["ssd"], store_options=extra)
 
     def _warm_up(self) -> None:
         """Serve two throw-away prompts, so one-time setup is not timed; then forget them
@@ -203,13 +219,18 @@ class _VllmRun:
 class _Remote:
     """A configuration's :class:`_VllmRun` in a spawned process, called through a pipe."""
 
-    def __init__(self, name: str, cfg: TtftConfig, p: Plan, model_dir: Path, path: Path, max_len: int, vocab: int) -> None:
+    def __init__(
+        self, name: str, cfg: TtftConfig, p: Plan, model_dir: Path, path: Path, max_len: int, vocab: int, factory: Any = None, **options: Any
+    ) -> None:
+        """``factory`` (default :class:`_VllmRun`) builds the process's run from the
+        arguments and ``options``; it must be importable by name (the process is spawned)."""
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         self.name = name
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child, args=(child, name, cfg, p, str(model_dir), str(path), max_len, vocab), name=f"gdskv-ttft-{name}")
+        args = (child, name, cfg, p, str(model_dir), str(path), max_len, vocab, factory, options)
+        self.proc = ctx.Process(target=_child, args=args, name=f"gdskv-ttft-{name}")
         self.proc.start()
         child.close()
 
@@ -243,11 +264,11 @@ class _Remote:
         self.conn.close()
 
 
-def _child(conn, name, cfg, p, model_dir, path, max_len, vocab) -> None:
+def _child(conn, name, cfg, p, model_dir, path, max_len, vocab, factory=None, options=None) -> None:
     """A benchmark process: build the configuration's engine, then answer calls."""
     try:
         workload = Workload(cfg, vocab)
-        run = _VllmRun(name, cfg, p, workload, Path(model_dir), Path(path), max_len, vocab)
+        run = (factory or _VllmRun)(name, cfg, p, workload, Path(model_dir), Path(path), max_len, vocab, **(options or {}))
     except Exception as exc:  # reported to the parent, which raises
         conn.send((False, f"{type(exc).__name__}: {exc}"))
         return
