@@ -27,6 +27,7 @@ import collections
 import logging
 from typing import Any, Dict, List, Optional, Sequence
 
+from gdskv.node.removal import remove_everywhere
 from gdskv.errors import (
     CorruptionError,
     GdskvError,
@@ -268,25 +269,10 @@ class Client:
         """Remove everywhere; returns, per key, whether it was stored."""
         self._check_open()
         ks = [encode_key(k) for k in sequence_arg(keys, "keys")]
-        res = self._master.remove(ks)
-        existed = list(res.existed)
-        holders: Dict[int, List[int]] = collections.defaultdict(list)
-        for ki, ni in zip(res.holder_key_index, res.holder_node_index):
-            holders[ni].append(ki)
-        self_id = self._node.node_id if self._node is not None else None
-        for ni, idx in holders.items():
-            node = res.nodes[ni]
-            if node.node_id == self_id:
-                continue
-            try:
-                self._transport.remove(node.address, [ks[i] for i in idx])
-            except GdskvError as exc:  # its mailbox has the removal too
-                self.counters["remove_deferred"] += len(idx)
-                log.info("gdskv: %s will remove %d key(s) from its mailbox: %s", node.address, len(idx), exc)
-        if self._node is not None:
-            statuses = self._node.provider.remove(ks)
-            existed = [e or s == ItemStatus.OK for e, s in zip(existed, statuses)]
-            self._node.registrar.flush(self.config.flush_timeout_s)
+        existed, deferred = remove_everywhere(
+            self._master, self._transport, ks, node=self._node, flush_timeout_s=self.config.flush_timeout_s
+        )
+        self.counters["remove_deferred"] += deferred
         return existed
 
     # ================================================================== cluster

@@ -18,6 +18,7 @@ import threading
 from typing import Any, List, Sequence
 
 from gdskv.errors import GdskvError
+from gdskv.transport import ItemStatus
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,10 @@ class NoReach:
 
     def pull(self, keys: Sequence[bytes]) -> int:
         return 0
+
+    def remove(self, store: Any, keys: Sequence[bytes]) -> List[bool]:
+        """Remove ``keys`` from the node's store (all there is)."""
+        return store.batch_remove(list(keys))
 
 
 class ClusterReach:
@@ -53,8 +58,6 @@ class ClusterReach:
 
     def pull(self, keys: Sequence[bytes]) -> int:
         """Fetch what other nodes hold of ``keys`` into the node's store; how many came."""
-        from gdskv.transport import ItemStatus
-
         try:
             statuses = self._node.pull(list(keys))
         except GdskvError as exc:
@@ -65,6 +68,23 @@ class ClusterReach:
         with self._lock:
             self.pulled += came
         return came
+
+    def remove(self, store: Any, keys: Sequence[bytes]) -> List[bool]:
+        """Remove ``keys`` from the whole cluster (:mod:`gdskv.node.removal`), so that no
+        node is still listed for them; with the master out of reach, from this node's store
+        only (its registrar unregisters them once the master is back)."""
+        from gdskv.node.removal import remove_everywhere  # (the cluster's modules bring in gRPC)
+
+        node = self._node
+        try:
+            existed, _ = remove_everywhere(
+                node.master, node.transport, list(keys), node=node, flush_timeout_s=node.config.flush_timeout_s
+            )
+        except GdskvError as exc:
+            self._unreachable(exc)
+            return [s is ItemStatus.OK for s in node.provider.remove(list(keys))]
+        self._reached()
+        return existed
 
     def _unreachable(self, exc: GdskvError) -> None:
         with self._lock:

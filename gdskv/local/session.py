@@ -279,7 +279,7 @@ class Session:
         return [bytes(int(b) for b in found)]
 
     def _remove(self, body: memoryview) -> List[Any]:
-        return [bytes(int(b) for b in self.store.batch_remove(self._keys_only(body)))]
+        return [bytes(int(b) for b in self.reach.remove(self.store, self._keys_only(body)))]
 
     def _stats(self, body: memoryview) -> List[Any]:
         if len(body):

@@ -57,3 +57,15 @@ def test_without_a_master_in_reach_reads_are_local_only(cluster, sock_dir):
         cluster.master.kill9()
         assert kv.get("here") == b"h" * 1000
         assert kv.get("elsewhere") is None and kv.exists("elsewhere") is False
+
+
+def test_a_remove_through_a_cluster_node_removes_the_key_everywhere(cluster, sock_dir):
+    start_attachable_node(cluster, "a", sock_dir / "a.sock")
+    start_attachable_node(cluster, "b", sock_dir / "b.sock")
+    with gdskv.attach(sock_dir / "a.sock") as on_a, gdskv.attach(sock_dir / "b.sock") as on_b:
+        on_a.put("gone", block(9, 50_000))
+        wait_until(lambda: on_b.exists("gone"), what="the master to know a's replica")
+        assert on_b.get("gone") == block(9, 50_000)  # now on both nodes
+        assert on_b.remove("gone") is True
+        assert not on_a.exists("gone") and not on_b.exists("gone")  # neither node, nor the master, lists it
+        assert on_a.get("gone") is None and on_b.get("gone") is None
