@@ -167,6 +167,7 @@ class LocalServer:
             "socket": str(self.path), "attached": len(held), "attached_total": self.attached_total,
             "pins": sum(h["pins"] for h in held), "slots": sum(h["slots"] for h in held),
             "staging_used_bytes": self.staging.used, "staging_bytes": self.staging.nbytes,
+            "pulled_from_peers": getattr(self.reach, "pulled", 0),
         }
 
     def close(self, timeout: float = 10.0) -> None:

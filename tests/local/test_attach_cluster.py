@@ -47,6 +47,7 @@ def test_an_engine_on_host_b_reads_what_an_engine_on_host_a_put(cluster, sock_di
         assert on_b.get_into("page-0", out) == 200_000 and out == values["page-0"]  # pulled from a
         assert on_b.batch_get(list(values)) == [bytearray(v) for v in values.values()]
         assert on_b.stats()["dram"]["objects"] == 6  # now b's own: the next read here is local
+        assert on_b.stats()["local"]["pulled_from_peers"] == 6
         assert on_b.get("nowhere") is None
 
 
