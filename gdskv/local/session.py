@@ -258,7 +258,7 @@ class Session:
         n = p.parse_count(body, 0, p.ID.size)
         if len(body) != p.COUNT.size + n * p.ID.size:
             raise ProtocolError("a request whose length does not match its items", items=n, got=len(body))
-        ids = [p.ID.unpack_from(body, p.COUNT.size + i * p.ID.size)[0] for i in range(n)]
+        ids = [i for (i,) in p.ID.iter_unpack(body[p.COUNT.size :])]
         unknown = [i for i in ids if not known(i)]
         if unknown or len(set(ids)) != len(ids):
             raise ProtocolError("ids this connection does not hold (or one twice)", unknown=unknown[:8], items=n)
