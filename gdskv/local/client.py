@@ -91,6 +91,7 @@ class AttachedStore:
         self._lock = threading.Condition()
         self._idle: List[_Connection] = []
         self._open = 0
+        self._waiting = 0  # threads waiting for a connection
         self._pid = os.getpid()
         self._closed = False
         self._mapping: Optional[_Mapping] = None
@@ -111,7 +112,11 @@ class AttachedStore:
                 if self._open < self._most:
                     self._open += 1
                     break
-                self._lock.wait()
+                self._waiting += 1
+                try:
+                    self._lock.wait()
+                finally:
+                    self._waiting -= 1
         try:
             return self._connect()
         except BaseException:
@@ -127,7 +132,8 @@ class AttachedStore:
                 self._open = max(0, self._open - 1)
             else:
                 self._idle.append(conn)
-            self._lock.notify()
+            if self._waiting:
+                self._lock.notify()
 
     def _drop(self, conn: _Connection) -> None:
         """A connection that broke: closed, and every idle one too (the node is gone; the next
