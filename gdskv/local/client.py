@@ -1,9 +1,10 @@
 """A process attached to a node on its host: :class:`AttachedStore` (``gdskv.attach``).
 
 It speaks :class:`gdskv.KVStore`, as an embedded store does, and moves no value through the
-socket (:mod:`gdskv.local.protocol`): at the handshake it maps the node's DRAM arena and read
-staging area. A hit is one round trip and one copy, from the shared memory into the caller's
-buffer (the pin is given back without waiting for an answer); a put is a reserved slot, one
+socket (:mod:`gdskv.local.protocol`) but where the node's read staging is full: at the
+handshake it maps the node's DRAM arena and read staging area. A hit is one round trip and
+one copy, from the shared memory into the caller's buffer (its pin is given back with the
+connection's next request, or when the connection closes); a put is a reserved slot, one
 copy into it and a commit (an uncommitted value is never visible; one whose process dies
 before the commit is dropped by the node).
 
