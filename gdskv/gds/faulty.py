@@ -7,7 +7,9 @@ injected :class:`Fault`, which fail the way a device or filesystem fails:
 - ``"enospc"``: a write fails with ENOSPC (the filesystem is full);
 - ``"short"``: a read transfers only the first half of its bytes into the caller's buffers
   and then fails as a short read, so a caller that ignored the error would see partly
-  written, wrong bytes.
+  written, wrong bytes;
+- ``"slow"``: the request succeeds, ``delay`` seconds late (a slow or busy device); a batch
+  with slow requests in it completes after the longest of their delays.
 
 Each failure is the :class:`IoError` a real engine raises (path, offset, errno). A fault
 matches by operation and by a substring of the request's path, for ``times`` requests or
@@ -21,12 +23,13 @@ import dataclasses
 import errno
 import os
 import threading
+import time
 from typing import Any, List, Optional, Sequence, Union
 
 from gdskv.errors import IoError
 from gdskv.gds.engine import IoEngine, IoFuture, IoOp, IoRequest
 
-KINDS = ("eio", "enospc", "short")
+KINDS = ("eio", "enospc", "short", "slow")
 
 
 @dataclasses.dataclass
@@ -38,6 +41,7 @@ class Fault:
     path_contains: str = ""
     times: Optional[int] = None
     hits: int = 0
+    delay: float = 0.0
 
     def matches(self, request: IoRequest) -> bool:
         if self.times is not None and self.hits >= self.times:
@@ -63,11 +67,16 @@ class FaultyEngine(IoEngine):
         self._lock = threading.Lock()
         self.injected = 0
 
-    def inject(self, kind: str, *, op: Optional[IoOp] = None, path_contains: str = "", times: Optional[int] = None) -> Fault:
-        """Make matching requests fail with ``kind`` (one of :data:`KINDS`)."""
+    def inject(
+        self, kind: str, *, op: Optional[IoOp] = None, path_contains: str = "", times: Optional[int] = None, delay: float = 0.0
+    ) -> Fault:
+        """Make matching requests fail with ``kind`` (one of :data:`KINDS`), or, for
+        ``"slow"``, complete ``delay`` seconds late."""
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; valid: {', '.join(KINDS)}")
-        fault = Fault(kind, op, path_contains, times)
+        if (kind == "slow") != (delay > 0):
+            raise ValueError("a delay (seconds, > 0) goes with kind 'slow' and only with it")
+        fault = Fault(kind, op, path_contains, times, delay=float(delay))
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -84,6 +93,7 @@ class FaultyEngine(IoEngine):
         outcomes: List[Union[int, BaseException, None]] = [None] * len(requests)
         passed: List[int] = []
         shorts: List[int] = []
+        delay = 0.0
         with self._lock:
             for i, request in enumerate(requests):
                 fault = next((f for f in self._faults if f.matches(request)), None)
@@ -92,10 +102,15 @@ class FaultyEngine(IoEngine):
                     continue
                 fault.hits += 1
                 self.injected += 1
-                if fault.kind == "short":
+                if fault.kind == "slow":
+                    delay = max(delay, fault.delay)
+                    passed.append(i)
+                elif fault.kind == "short":
                     shorts.append(i)
                 else:
                     outcomes[i] = _failure(request, errno.EIO if fault.kind == "eio" else errno.ENOSPC)
+        if delay:
+            time.sleep(delay)
         if passed:
             for i, outcome in zip(passed, self.inner.submit([requests[i] for i in passed]).outcomes()):
                 outcomes[i] = outcome

@@ -769,3 +769,37 @@ def test_a_short_fault_whose_half_read_fails_fails_its_request_alone(tmp_path):
     finally:
         os.close(fd)
         engine.close()
+
+
+def test_a_slow_fault_delays_its_batch_and_changes_nothing_else(tmp_path):
+    """FaultyEngine: "slow" requests succeed with their bytes, ``delay`` seconds late (the
+    longest delay of a batch), and only the matching ones count as injected."""
+    import time
+
+    from gdskv.gds.engine import IoOp
+    from gdskv.gds.faulty import FaultyEngine
+    from gdskv.gds.psync import PsyncEngine
+
+    engine = FaultyEngine(PsyncEngine(direct=False))
+    path = tmp_path / "data"
+    path.write_bytes(block(4, 8192))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError):
+            engine.inject("slow", op=IoOp.READ)  # a slow fault needs its delay
+        with pytest.raises(ValueError):
+            engine.inject("eio", delay=1.0)
+        engine.inject("slow", op=IoOp.READ, path_contains="data", delay=0.3, times=1)
+        outs = [bytearray(4096), bytearray(4096)]
+        t0 = time.monotonic()
+        outcomes = engine.submit([IoRequest.read(fd, 0, memoryview(outs[0]), path=str(path)),
+                                  IoRequest.read(fd, 4096, memoryview(outs[1]), path="other")]).outcomes()
+        assert time.monotonic() - t0 >= 0.3
+        assert outcomes == [4096, 4096] and b"".join(outs) == block(4, 8192)
+        assert engine.injected == 1
+        t0 = time.monotonic()
+        assert engine.submit([IoRequest.read(fd, 0, memoryview(outs[0]), path=str(path))]).outcomes() == [4096]
+        assert time.monotonic() - t0 < 0.3  # times=1: spent
+    finally:
+        os.close(fd)
+        engine.close()
