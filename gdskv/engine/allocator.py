@@ -46,7 +46,9 @@ tier), then the store's DRAM and SSD (and, through a cluster client, its peers')
   hooks): ``stage_pages(spans)`` reads the stored pages of several spans of keys into host
   staging with one batch read and returns, per span, the segment buffers of its leading
   pages that arrived whole, for the engine to copy from (valid until the next load or
-  stage); ``reserve_save(keys)`` takes staging slots for the pages not stored yet and
+  stage); ``read_pages(spans)`` does the same into buffers of the caller's own without
+  holding the allocator's lock during the read (a loader thread's asynchronous loads);
+  ``reserve_save(keys)`` takes staging slots for the pages not stored yet and
   returns a :class:`~gdskv.engine.saver.Reservation` whose segments the engine fills before
   it commits (or aborts) it.
 
@@ -411,6 +413,35 @@ class OffloadingAllocator:
                 at += len(keys)
             return out
 
+    def read_pages(self, spans: Sequence[Sequence[bytes]]) -> List[List[List[np.ndarray]]]:
+        """:meth:`stage_pages` for a loader thread beside the engine's: the pages are read
+        into buffers of their own (the caller keeps them), and the allocator's lock is not
+        held while the store reads, so that the engine's calls (lookups, saves) never wait
+        for a slow load. A closed allocator raises StoreClosedError."""
+        spans = [_key_list(keys) for keys in spans]
+        self._check_open()
+        leading = []
+        for keys in spans:
+            present = 0
+            for stored in self._stored(keys):
+                if not stored:
+                    break
+                present += 1
+            leading.append(keys[:present])
+        flat = [k for keys in leading for k in keys]
+        lay = self.layout
+        segs, ok, from_queue = self._stage(flat, np.empty(len(flat) * lay.num_segments * lay.segment_nbytes, dtype=np.uint8))
+        out: List[List[List[np.ndarray]]] = []
+        at = 0
+        with self._lock:
+            for keys in leading:
+                span_ok = ok[at : at + len(keys)]
+                n = next((i for i, good in enumerate(span_ok) if not good), len(keys))
+                out.append(segs[at : at + n])
+                self._count_loaded(n, from_queue[at : at + len(keys)])
+                at += len(keys)
+        return out
+
     def reserve_save(self, keys: Sequence[bytes]) -> Reservation:
         """Staging slots for the pages of ``keys`` not stored, queued or reserved yet; the
         engine fills them and commits. See :mod:`gdskv.engine.saver`. A closed allocator or
@@ -431,16 +462,18 @@ class OffloadingAllocator:
         self._count_loaded(loaded, from_queue)
         return loaded
 
-    def _stage(self, keys: Sequence[bytes]):
+    def _stage(self, keys: Sequence[bytes], staging: Optional[np.ndarray] = None):
         """Read ``keys`` (queued pages from the save queue, the rest with one batch read)
-        into host staging; return each page's segment buffers and whether it arrived
-        whole and whether it came from the save queue. Lock held."""
+        into host staging (``staging``, else the allocator's own); return each page's
+        segment buffers and whether it arrived whole and whether it came from the save
+        queue. Lock held unless ``staging`` is the caller's."""
         if not keys or self.store is None:
             return [], [False] * len(keys), [False] * len(keys)
         assert self._saver is not None
         lay = self.layout
         n, s, size = len(keys), lay.num_segments, lay.segment_nbytes
-        staging = self._staging_for(n * s * size)
+        if staging is None:
+            staging = self._staging_for(n * s * size)
         segs = [[staging[(i * s + j) * size : (i * s + j + 1) * size] for j in range(s)] for i in range(n)]
         ok = [self._saver.copy_pending(k, segs[i]) for i, k in enumerate(keys)]
         want = [i for i in range(n) if not ok[i]]

@@ -107,6 +107,45 @@ def test_stage_pages_reads_several_spans_in_one_batch(make_store, make_allocator
     assert a.stats()["pages_loaded"] == 3
 
 
+def test_read_pages_keeps_its_buffers_and_leaves_the_lock_free_while_reading(make_store, make_allocator):
+    """read_pages (a loader thread's): the same pages as stage_pages, into buffers that a
+    later stage call does not overwrite; while its store read is under way, another
+    thread's allocator calls go on."""
+    import threading
+
+    store = make_store()
+    engine, a = make_allocator(store)
+    keys = a.keys.external_keys([f"q{i}" for i in range(3)])
+    pages = engine.allocate(3)
+    want = [engine.fill(p, seed=60 + i) for i, p in enumerate(pages)]
+    a.save_keys(keys[:2], pages[:2])
+    assert a.flush(10)
+    reading, go_on = threading.Event(), threading.Event()
+    real = store.batch_get_into
+
+    def slow_batch_get_into(seg_keys, outs):
+        reading.set()
+        assert go_on.wait(10)
+        return real(seg_keys, outs)
+
+    store.batch_get_into = slow_batch_get_into
+    got = []
+    loader = threading.Thread(target=lambda: got.append(a.read_pages([keys, keys[1:2]])))
+    loader.start()
+    assert reading.wait(10)
+    assert a.stored_pages(keys) == 2 and a.stats()["pages_loaded"] == 0  # not blocked
+    go_on.set()
+    loader.join(10)
+    store.batch_get_into = real
+    (spans,) = got
+    assert [len(span) for span in spans] == [2, 1]
+    a.stage_pages([keys[1:2]])  # the allocator's own staging: not read_pages' buffers
+    for segs, i in zip(spans[0], (0, 1)):
+        assert np.array_equal(np.concatenate(segs), want[i])
+    assert np.array_equal(np.concatenate(spans[1][0]), want[1])
+    assert a.stats()["pages_loaded"] == 4
+
+
 def test_reserve_save_commits_pages_filled_segment_by_segment(make_store, make_allocator):
     store = make_store()
     engine, a = make_allocator(store)
