@@ -15,6 +15,11 @@ Bad input: an engine with another model id on the same store gets misses (never 
 KV); an engine whose store cannot be opened, or whose store closes under it, keeps
 serving with misses and a warning.
 
+Loads are asynchronous: with an NVMe tier made slow on purpose (the fault-injecting I/O
+engine), a request that decodes keeps its per-step time while another request's prefix
+loads, and a load that fails (media errors, short reads) is recomputed with the
+baseline's output.
+
 Those run the engine core and its worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 so that the connectors can be read here. The last tests run vLLM's default layout, as a
 user gets it: engine core and worker(s) in processes of their own, with only ``path`` in
@@ -37,7 +42,7 @@ import pytest
 import gdskv
 from gdskv.engine import KeyNamespace, PageLayout, PrefixKeys
 
-from real_engines import VLLM_CPU_VERSION, import_or_skip
+from real_engines import VLLM_CPU_VERSION, FaultyStores, import_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -223,6 +228,118 @@ def test_engine_serves_without_a_store_and_when_it_goes_down(model_dir, baseline
         out = engine.serve(q, max_tokens=OUT, logprobs=True)  # saves fail quietly too
         verify_same_output(out, baseline["q"])
     assert "store unavailable" in caplog.text
+
+
+# ------------------------------------------------------------------ asynchronous loads
+
+#: The store of the slow-tier tests: every read of a reopened store comes from NVMe.
+NVME_ONLY = dict(mode="embedded", store_options={"promote_after_reads": 0}, **STORE)
+
+
+def save_to_nvme(model_dir, path, *prompts_to_save):
+    """An engine computes ``prompts_to_save`` and saves their pages; closing it closes the
+    store, which writes its DRAM-only objects to NVMe. The next engine's store starts with
+    an empty DRAM tier."""
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, **NVME_ONLY)) as engine:
+        for toks in prompts_to_save:
+            engine.serve(toks, max_tokens=1)
+        assert engine.flush()
+
+
+def test_a_slow_load_does_not_slow_down_the_running_requests(model_dir, baseline, tmp_path, monkeypatch):
+    """One request decodes; another, whose prefix gdskv holds on an NVMe tier that answers
+    2 s late, arrives. It waits for its KV while the first keeps stepping at its own pace
+    (no step waits for the read), and then generates the baseline's tokens."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from gdskv.gds.engine import IoOp
+
+    delay = 2.0
+    stores = FaultyStores(monkeypatch)
+    p, _, _ = prompts()
+    path = str(tmp_path / "kv")
+    save_to_nvme(model_dir, path, p)
+    decode = np.random.default_rng(11).integers(3, VOCAB, 40).tolist()
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, **NVME_ONLY)) as engine:
+        core = engine.llm.llm_engine
+        stores.engine.inject("slow", op=IoOp.READ, delay=delay)
+        core.add_request("decode", TokensPrompt(prompt_token_ids=decode), SamplingParams(max_tokens=3000, temperature=0.0, ignore_eos=True))
+        steps = []  # (seconds, phase, decode tokens so far)
+        tokens = {"decode": 0, "p": 0}
+        outputs = {}
+        phase = "before"
+        t_added = None
+        while True:
+            if phase == "before" and tokens["decode"] >= 30:
+                core.add_request("p", TokensPrompt(prompt_token_ids=p), SamplingParams(max_tokens=OUT, temperature=0.0, ignore_eos=True, logprobs=1))
+                phase, t_added = "loading", time.perf_counter()
+            t = time.perf_counter()
+            outs = core.step()
+            took = time.perf_counter() - t
+            for out in outs:
+                tokens[out.request_id] = len(out.outputs[0].token_ids)
+                outputs[out.request_id] = out
+            steps.append((took, phase, tokens["decode"]))
+            if phase == "loading" and tokens["p"] > 0:
+                phase, load_seconds = "after", time.perf_counter() - t_added
+            if phase == "after" and outputs["p"].finished:
+                break
+            assert len(steps) < 5000 and tokens["decode"] < 3000, "the slow request never finished"
+        core.abort_request(["decode"])
+        _, worker = engine.connectors()
+        stats = worker.stats()
+
+    before = [s for s, ph, _ in steps if ph == "before"][10:]  # past the warm-up
+    loading = [(s, n) for s, ph, n in steps if ph == "loading"]
+    decoded_while_loading = loading[-1][1] - loading[0][1]
+    per_step_before = float(np.median(before))
+    per_step_loading = float(np.median([s for s, _ in loading]))
+    print(
+        f"\nslow load ({delay:.1f} s reads): {load_seconds:.2f} s until the first token of the loaded request; "
+        f"decode step median {per_step_before * 1e3:.1f} ms before, {per_step_loading * 1e3:.1f} ms during the load "
+        f"(max {max(s for s, _ in loading) * 1e3:.1f} ms, {len(loading)} steps, {decoded_while_loading} tokens decoded)"
+    )
+    assert load_seconds >= delay  # the load did take the slow read's time ...
+    assert max(s for s, _ in loading) < delay / 4  # ... and no step waited for it
+    assert per_step_loading < 3 * per_step_before + 0.02
+    assert decoded_while_loading >= 0.5 * load_seconds / per_step_before  # it kept decoding
+    assert stats["loaded_tokens"] == full_pages(len(p)) and stats["load_failed_blocks"] == 0
+    got = outputs["p"]
+    assert got.num_cached_tokens == full_pages(len(p))
+    completion = got.outputs[0]
+    assert list(completion.token_ids) == baseline["p"].token_ids
+    lps = [step[tok].logprob for step, tok in zip(completion.logprobs, completion.token_ids)]
+    np.testing.assert_allclose(lps, baseline["p"].logprobs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["eio", "short"])
+def test_a_failed_load_is_recomputed_with_the_baselines_output(model_dir, baseline, tmp_path, monkeypatch, kind):
+    """Every NVMe read fails (EIO), or is short (half its bytes arrive): vLLM gets the
+    request's blocks as load errors and recomputes them, with the output of an engine
+    without gdskv. The store drops the replicas it could not read; the recomputed pages
+    are saved again and load the next time."""
+    from gdskv.gds.engine import IoOp
+
+    stores = FaultyStores(monkeypatch)
+    p, _, _ = prompts()
+    path = str(tmp_path / "kv")
+    save_to_nvme(model_dir, path, p)
+    pages = full_pages(len(p)) // BLOCK
+    with VllmEngine(model_dir, block_size=BLOCK, gdskv=dict(path=path, **NVME_ONLY)) as engine:
+        _, worker = engine.connectors()
+        stores.engine.inject(kind, op=IoOp.READ)
+        out = engine.serve(p, max_tokens=OUT, logprobs=True)
+        verify_same_output(out, baseline["p"])
+        stats = worker.stats()
+        assert stats["load_requests"] == 1 and stats["load_failed_blocks"] == pages and stats["loaded_tokens"] == 0
+        assert stores.engine.injected > 0
+        stores.engine.clear()
+        assert engine.flush()
+        engine.reset_prefix_cache()
+        again = engine.serve(p, max_tokens=OUT, logprobs=True)
+        verify_same_output(again, baseline["p"])
+        assert again.gdskv_tokens == full_pages(len(p)) and worker.stats()["loaded_tokens"] == full_pages(len(p))
 
 
 # ------------------------------------------------------------------ vLLM's default layout
