@@ -391,13 +391,21 @@ class GdskvConnector(KVConnectorBase_V1):
 
     def _load_loop(self) -> None:
         """The loader thread: one step's loads after another, each with one batch read."""
-        copy_context, synchronize = _copy_stream(self._engine)
+        try:
+            copy_context, synchronize = _copy_stream(self._engine)
+        except Exception:  # no stream of its own: copy on the default one, and wait for it
+            log.exception("gdskv: no CUDA stream for the loader; it copies on the default stream")
+            copy_context, synchronize = _default_stream(self._engine)
         while True:
             spans = self._load_queue.get()
             if spans is None:
                 return
-            with copy_context:
-                self._load(spans, synchronize)
+            try:
+                with copy_context():
+                    self._load(spans, synchronize)
+            except Exception:  # never let the loader die: every request must be reported
+                log.exception("gdskv: loading KV failed, the engine recomputes it")
+                self._report(spans, [0] * len(spans))
 
     def _load(self, spans: List[PageSpan], synchronize: Any) -> None:
         """Read ``spans`` from the store and copy them into their blocks; then report each
@@ -424,17 +432,25 @@ class GdskvConnector(KVConnectorBase_V1):
             except Exception:
                 log.exception("gdskv: copying loaded KV into the engine's blocks failed, the engine recomputes it")
                 copied = 0
-            failed = set(span.block_ids[copied:])
-            with self._load_lock:
+            self._report([span], [copied])
+
+    def _report(self, spans: List[PageSpan], copied: List[int]) -> None:
+        """Mark the loads of ``spans`` finished, the blocks past the first ``copied`` of
+        each failed."""
+        with self._load_lock:
+            for span, n in zip(spans, copied):
+                if span.req_id not in self._loading:
+                    continue  # reported already
+                failed = set(span.block_ids[n:])
                 self.counters["load_requests"] += 1
-                self.counters["loaded_tokens"] += copied * self.page_size
+                self.counters["loaded_tokens"] += n * self.page_size
                 self.counters["load_failed_blocks"] += len(failed)
                 self._loaded.setdefault(span.req_id, set()).update(failed)
-                left = self._loading.get(span.req_id, 1) - 1
+                left = self._loading[span.req_id] - 1
                 if left > 0:
                     self._loading[span.req_id] = left
                 else:
-                    self._loading.pop(span.req_id, None)
+                    del self._loading[span.req_id]
 
     def wait_for_loads(self, timeout: Optional[float] = None) -> bool:
         """Wait until the loader thread finished every load handed to it (tests)."""
@@ -558,16 +574,26 @@ class GdskvConnector(KVConnectorBase_V1):
 
 
 def _copy_stream(engine: Any) -> Tuple[Any, Any]:
-    """For the loader thread: a context that puts its copies on a stream of their own, and
-    the call that waits for them (so that a load is reported only once its KV is in the
-    blocks). Host tensors need neither."""
+    """For the loader thread: a context factory that puts its copies on a CUDA stream of
+    their own, and the call that waits for them (so that a load is reported only once its
+    KV is in the blocks). Host tensors need neither."""
     tensors = getattr(engine, "tensors", None) or []
     if tensors and getattr(tensors[0], "is_cuda", False):
         import torch
 
         stream = torch.cuda.Stream(device=tensors[0].device)
-        return torch.cuda.stream(stream), stream.synchronize
-    return contextlib.nullcontext(), lambda: None
+        return (lambda: torch.cuda.stream(stream)), stream.synchronize
+    return contextlib.nullcontext, lambda: None
+
+
+def _default_stream(engine: Any) -> Tuple[Any, Any]:
+    tensors = getattr(engine, "tensors", None) or []
+    if tensors and getattr(tensors[0], "is_cuda", False):
+        import torch
+
+        device = tensors[0].device
+        return contextlib.nullcontext, lambda: torch.cuda.synchronize(device)
+    return contextlib.nullcontext, lambda: None
 
 
 def _cacheable(request: Any) -> bool:

@@ -353,6 +353,36 @@ def test_a_load_that_fails_reports_its_blocks_with_the_request(tmp_path, monkeyp
         sched.shutdown()
 
 
+def test_a_loader_error_fails_that_load_and_the_loader_goes_on(tmp_path, monkeypatch):
+    """An unexpected error while copying into the blocks (or reading) is a failed load,
+    reported with the request; the loader thread keeps serving the next loads."""
+    prompt = list(range(2 * BLOCK + 1))
+    worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())
+    caches = cpu_caches(1)
+    worker.register_kv_caches(caches)
+    try:
+        step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
+        assert worker.flush(10)
+        real = worker._engine.write_segment
+        calls = []
+
+        def broken(page, layer, src):
+            calls.append(page)
+            if len(calls) == 2:  # the second layer of the first page
+                raise RuntimeError("device lost")
+            real(page, layer, src)
+
+        monkeypatch.setattr(worker._engine, "write_segment", broken)
+        assert load(worker, GdskvConnectorMetadata(loads=[_span(prompt, [4, 5])])) == ({"r"}, {4, 5})
+        monkeypatch.setattr(worker.allocator, "read_pages", lambda spans: 1 / 0)
+        assert load(worker, GdskvConnectorMetadata(loads=[PageSpan("q", prompt, [6, 7], 0)])) == ({"q"}, {6, 7})
+        monkeypatch.undo()
+        assert load(worker, GdskvConnectorMetadata(loads=[PageSpan("s", prompt, [8, 9], 0)])) == ({"s"}, set())
+        assert torch.equal(caches[NAMES[1]][9], caches[NAMES[1]][1])
+    finally:
+        worker.shutdown()
+
+
 def test_shutdown_finishes_the_loads_it_was_given(tmp_path):
     prompt = list(range(2 * BLOCK + 1))
     worker = GdskvConnector(vllm_config(tmp_path / "kv"), KVConnectorRole.WORKER, kv_cache_config())

@@ -246,16 +246,17 @@ def save_to_nvme(model_dir, path, *prompts_to_save):
         assert engine.flush()
 
 
-def test_a_slow_load_does_not_slow_down_the_running_requests(model_dir, baseline, tmp_path, monkeypatch):
+@pytest.mark.parametrize("delay", [1.0, 3.0])
+def test_a_slow_load_does_not_slow_down_the_running_requests(model_dir, baseline, tmp_path, monkeypatch, delay):
     """One request decodes; another, whose prefix gdskv holds on an NVMe tier that answers
-    2 s late, arrives. It waits for its KV while the first keeps stepping at its own pace
-    (no step waits for the read), and then generates the baseline's tokens."""
+    ``delay`` seconds late, arrives. It waits for its KV while the first keeps stepping at
+    its own pace, whatever the delay (no step waits for the read), and then generates the
+    baseline's tokens."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from gdskv.gds.engine import IoOp
 
-    delay = 2.0
     stores = FaultyStores(monkeypatch)
     p, _, _ = prompts()
     path = str(tmp_path / "kv")
