@@ -393,25 +393,9 @@ class OffloadingAllocator:
         spans = [_key_list(keys) for keys in spans]
         with self._lock:
             self._check_open()
-            leading = []
-            for keys in spans:
-                present = 0
-                for stored in self._stored(keys):
-                    if not stored:
-                        break
-                    present += 1
-                leading.append(keys[:present])
-            flat = [k for keys in leading for k in keys]
-            segs, ok, from_queue = self._stage(flat)
-            out: List[List[List[np.ndarray]]] = []
-            at = 0
-            for keys in leading:
-                span_ok = ok[at : at + len(keys)]
-                n = next((i for i, good in enumerate(span_ok) if not good), len(keys))
-                out.append(segs[at : at + n])
-                self._count_loaded(n, from_queue[at : at + len(keys)])
-                at += len(keys)
-            return out
+            leading = self._leading_stored(spans)
+            segs, ok, from_queue = self._stage([k for keys in leading for k in keys])
+            return self._whole_leading(leading, segs, ok, from_queue)
 
     def read_pages(self, spans: Sequence[Sequence[bytes]]) -> List[List[List[np.ndarray]]]:
         """:meth:`stage_pages` for a loader thread beside the engine's: the pages are read
@@ -420,6 +404,15 @@ class OffloadingAllocator:
         for a slow load. A closed allocator raises StoreClosedError."""
         spans = [_key_list(keys) for keys in spans]
         self._check_open()
+        leading = self._leading_stored(spans)
+        flat = [k for keys in leading for k in keys]
+        lay = self.layout
+        segs, ok, from_queue = self._stage(flat, np.empty(len(flat) * lay.num_segments * lay.segment_nbytes, dtype=np.uint8))
+        with self._lock:
+            return self._whole_leading(leading, segs, ok, from_queue)
+
+    def _leading_stored(self, spans: List[List[bytes]]) -> List[List[bytes]]:
+        """Per span, its leading keys that are stored (up to the first that is not)."""
         leading = []
         for keys in spans:
             present = 0
@@ -428,18 +421,19 @@ class OffloadingAllocator:
                     break
                 present += 1
             leading.append(keys[:present])
-        flat = [k for keys in leading for k in keys]
-        lay = self.layout
-        segs, ok, from_queue = self._stage(flat, np.empty(len(flat) * lay.num_segments * lay.segment_nbytes, dtype=np.uint8))
+        return leading
+
+    def _whole_leading(self, leading: List[List[bytes]], segs: List[Any], ok: List[bool], from_queue: List[bool]) -> List[List[Any]]:
+        """Per span, the segment buffers of its leading pages that arrived whole (counted as
+        loaded). Lock held."""
         out: List[List[List[np.ndarray]]] = []
         at = 0
-        with self._lock:
-            for keys in leading:
-                span_ok = ok[at : at + len(keys)]
-                n = next((i for i, good in enumerate(span_ok) if not good), len(keys))
-                out.append(segs[at : at + n])
-                self._count_loaded(n, from_queue[at : at + len(keys)])
-                at += len(keys)
+        for keys in leading:
+            span_ok = ok[at : at + len(keys)]
+            n = next((i for i, good in enumerate(span_ok) if not good), len(keys))
+            out.append(segs[at : at + n])
+            self._count_loaded(n, from_queue[at : at + len(keys)])
+            at += len(keys)
         return out
 
     def reserve_save(self, keys: Sequence[bytes]) -> Reservation:
