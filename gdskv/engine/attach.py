@@ -48,6 +48,7 @@ from gdskv.engine.hostnode import NodeLink, node_options
 from gdskv.engine.resilient import ResilientStore
 from gdskv.errors import ConfigError, GdskvError, StoreLockedError
 from gdskv.kvstore import KVStore
+from gdskv.local.protocol import MAX_SOCKET_PATH, SOCKET_NAME
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,6 @@ log = logging.getLogger(__name__)
 ATTACH_KEYS = ("path", "mode", "socket", "master", "dram", "ssd", "model_id", "staging", "store_options")
 #: The modes (see the module docstring); the first is the default.
 MODES = ("auto", "embedded", "node", "cluster")
-#: The socket's name in the store directory when ``socket`` is not set (as ``gdskv-node``).
-SOCKET_NAME = "node.sock"
-#: Longest path a Unix socket can have (``sun_path`` less its terminating zero).
-MAX_SOCKET_PATH = 107
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -48,13 +48,15 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Tuple, Type
 
 from gdskv import errors
 from gdskv.errors import GdskvError, ProtocolError
 
 #: The socket's name in a store directory, when no path is given.
 SOCKET_NAME = "node.sock"
+#: Longest path a Unix socket can be bound to (``sun_path``, less its terminating zero).
+MAX_SOCKET_PATH = 107
 #: Version of this protocol; a node refuses a client of another.
 VERSION = 1
 MAGIC = b"gdskv-lc"
@@ -74,8 +76,6 @@ SECONDS = struct.Struct("<d")
 
 # requests
 HELLO, GET, RELEASE, RESERVE, COMMIT, ABORT, EXISTS, REMOVE, STATS, FLUSH = range(1, 11)
-OP_NAMES = {HELLO: "HELLO", GET: "GET", RELEASE: "RELEASE", RESERVE: "RESERVE", COMMIT: "COMMIT",
-            ABORT: "ABORT", EXISTS: "EXISTS", REMOVE: "REMOVE", STATS: "STATS", FLUSH: "FLUSH"}
 #: Requests the node does not answer.
 NO_REPLY = frozenset({RELEASE, ABORT})
 # replies
@@ -99,11 +99,10 @@ class Disconnected(Exception):
     """The peer closed the connection (or it broke) in the middle of a frame, or between two."""
 
 
-def recv_exact(sock: socket.socket, n: int, buf: Optional[bytearray] = None) -> memoryview:
-    """Read exactly ``n`` bytes (into ``buf`` when it is large enough). Raises
-    :class:`Disconnected` when the peer goes first."""
-    out = buf if buf is not None and len(buf) >= n else bytearray(n)
-    view = memoryview(out)[:n]
+def recv_exact(sock: socket.socket, n: int) -> memoryview:
+    """Read exactly ``n`` bytes. Raises :class:`Disconnected` when the peer goes first."""
+    out = bytearray(n)
+    view = memoryview(out)
     got = 0
     while got < n:
         r = sock.recv_into(view[got:], n - got)

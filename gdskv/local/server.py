@@ -37,8 +37,6 @@ from gdskv.local.staging import STAGING_BYTES, ReadStaging
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = p.SOCKET_NAME
-#: Longest path a Unix socket can be bound to (``sun_path``, less its terminating zero).
-MAX_SOCKET_PATH = 107
 
 
 def default_socket_path(store_dir: "str | os.PathLike[str]") -> Path:
@@ -62,7 +60,7 @@ class LocalServer:
             raise ConfigError("the socket mode must be permission bits such as 0o600", got=mode)
         self.store = store
         self.path = Path(path) if path is not None else default_socket_path(store.path)
-        if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
+        if len(os.fsencode(self.path)) > p.MAX_SOCKET_PATH:
             raise ConfigError("a Unix socket path must be at most 107 bytes long", path=str(self.path))
         self.mode = mode
         self._describe = dict(describe or {})

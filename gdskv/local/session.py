@@ -55,7 +55,6 @@ class Session:
         self.pins: Dict[int, PinnedValue] = {}
         self.staged: Dict[int, int] = {}  # id -> offset in the staging area
         self.slots: Dict[int, PutSlot] = {}
-        self.requests = 0
         self._reader = p.FrameReader(sock)
         self._handlers = {
             p.GET: self._get, p.RESERVE: self._reserve, p.COMMIT: self._commit, p.EXISTS: self._exists,
@@ -75,7 +74,6 @@ class Session:
                     except ProtocolError as exc:
                         self._refuse(exc)
                         return
-                    self.requests += 1
                     if not self._handle(op, body):
                         return
         except (p.Disconnected, OSError):
@@ -144,24 +142,19 @@ class Session:
         keys = p.parse_keys(body, p.COUNT.size + n * p.GET_ITEM.size, [length for length, _ in items])
         rooms = [room for _, room in items]
         pins = self.store.pin(keys, rooms)
-        missing = [i for i, pin in enumerate(pins) if pin is None]
-        if missing and self.reach.pull([keys[i] for i in missing]):  # other nodes had some: now here
-            try:
-                again = self.store.pin([keys[i] for i in missing], [rooms[i] for i in missing])
-            except BaseException:
-                self.store.unpin([pin for pin in pins if pin is not None and pin.in_dram])
-                raise
-            for i, pin in zip(missing, again):
-                pins[i] = pin
         table: List[Tuple[int, int, int, int]] = [(p.MISS, 0, 0, 0)] * n
-        later = [i for i, pin in enumerate(pins) if pin is not None and not pin.in_dram]
         inline: List[memoryview] = []
-        if later:
-            try:
+        try:
+            missing = [i for i, pin in enumerate(pins) if pin is None]
+            if missing and self.reach.pull([keys[i] for i in missing]):  # other nodes had some: now here
+                for i, pin in zip(missing, self.store.pin([keys[i] for i in missing], [rooms[i] for i in missing])):
+                    pins[i] = pin
+            later = [i for i, pin in enumerate(pins) if pin is not None and not pin.in_dram]
+            if later:
                 inline = self._read_elsewhere(keys, pins, later, table)
-            except BaseException:
-                self.store.unpin([pin for pin in pins if pin is not None and pin.in_dram])
-                raise
+        except BaseException:  # the pins are not handed out: give them back
+            self.store.unpin([pin for pin in pins if pin is not None and pin.in_dram])
+            raise
         for i, pin in enumerate(pins):
             if pin is not None and pin.in_dram:
                 pid = self._new_id()

@@ -191,8 +191,9 @@ class Store:
     def reserve(self, key: Key, size: int, crc: int, *, overwrite: bool = False) -> Optional[PutSlot]:
         """The first phase of a put (see :mod:`gdskv.store.writes`): a slot of ``size`` bytes
         in the DRAM arena for a value whose :func:`~gdskv.tiers.backends.record.checksum` is
-        ``crc``, or None when these bytes are stored already. The caller copies the value into
-        ``slot.view()`` (or, attached to a node, into the shared arena at ``slot.offset``) and
+        ``crc``, or None when these bytes are stored already. The caller copies the value in
+        with ``slot.write(value)`` (or, attached to a node, into the shared arena at
+        ``slot.offset``) and
         ends the slot with ``commit()`` or ``abort()``; until then ``close()`` waits for it.
         Raises what :meth:`put` raises."""
         k = encode_key(key)

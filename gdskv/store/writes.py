@@ -48,10 +48,6 @@ class PutSlot:
         self.offset = entry.offset
         self._ended = False
 
-    def view(self) -> memoryview:
-        """The slot's bytes in the arena, writable; do not keep it past the slot's end."""
-        return self._writer.dram.view(self._entry)
-
     def write(self, value: memoryview) -> None:
         """Copy ``value`` (exactly :attr:`size` bytes) into the slot."""
         self._writer.dram.write(self._entry, value)
@@ -72,10 +68,6 @@ class PutSlot:
         self._ended = True
         self._writer.abort(self._entry)
         return True
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
 
 
 class Writer:
@@ -114,13 +106,13 @@ class Writer:
         if self._ssd_bytes and record_size(len(k), size) > self._ssd_bytes:
             raise ValueTooLargeError("value larger than the NVMe tier", key=k[:64], size=size, capacity=self._ssd_bytes)
 
-    def reserve(self, k: bytes, size: int, crc: int, overwrite: bool, *, timeout: Optional[float] = None) -> Optional[PutSlot]:
+    def reserve(self, k: bytes, size: int, crc: int, overwrite: bool) -> Optional[PutSlot]:
         """A slot for a value of ``size`` bytes with CRC ``crc`` under ``k``, or None when
         these very bytes are stored already (nothing to copy). Raises what a put raises:
-        :class:`KeyExistsError`, :class:`NoSpaceError` once ``timeout`` (default: the store's
-        ``put_timeout_s``) passes without room, :class:`StoreClosedError`."""
+        :class:`KeyExistsError`, :class:`NoSpaceError` once the store's ``put_timeout_s``
+        passes without room, :class:`StoreClosedError`."""
         self.check_size(k, size)
-        deadline = time.monotonic() + (self._put_timeout_s if timeout is None else timeout)
+        deadline = time.monotonic() + self._put_timeout_s
         with self._lock:
             self._check_accepting()
             while True:
