@@ -43,8 +43,8 @@ Worker side (``KVConnectorRole.WORKER``):
 - ``start_load_kv``: hands the step's loads to the worker's loader thread and returns
   (vLLM calls it after launching the forward when no load is synchronous, and none of
   gdskv's is). The loader thread reads each step's pages with one batch read
-  (:meth:`~gdskv.engine.allocator.OffloadingAllocator.read_pages`: buffers of its own,
-  the allocator's lock free meanwhile, KV still in the save queue served from there),
+  (:meth:`~gdskv.engine.allocator.OffloadingAllocator.read_pages`, into one host buffer
+  the loader keeps and reuses, the allocator's lock free meanwhile, KV still in the save queue served from there),
   copies every layer of each page into its block (on a CUDA device, on a stream of its
   own, synchronized before it reports), and only then marks the request finished.
   Those writes never race a step that uses the blocks: they are fresh blocks of a parked
@@ -86,6 +86,8 @@ import queue
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+import numpy as np
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -201,6 +203,7 @@ class GdskvConnector(KVConnectorBase_V1):
         self._load_lock = threading.Lock()
         self._load_queue: "queue.Queue[Optional[List[PageSpan]]]" = queue.Queue()
         self._loader: Optional[threading.Thread] = None
+        self._load_staging = np.empty(0, dtype=np.uint8)  # the loader's, reused: grown as loads need
         self._loading: Dict[str, int] = {}
         self._loaded: Dict[str, Set[int]] = {}
         self._loads_meta: Optional[GdskvConnectorMetadata] = None  # the last metadata whose loads were queued
@@ -416,7 +419,7 @@ class GdskvConnector(KVConnectorBase_V1):
             if allocator is not None and engine is not None:
                 keys = allocator.keys
                 wanted = [keys.page_keys(s.token_ids, s.start_page + len(s.block_ids))[s.start_page :] for s in spans]
-                staged = allocator.read_pages(wanted)
+                staged = allocator.read_pages(wanted, self._load_buffer)
         except GdskvError as exc:
             log.warning("gdskv: loading KV failed, the engine recomputes it: %s", exc)
         except Exception:  # never let the loader die: every request must be reported
@@ -425,14 +428,20 @@ class GdskvConnector(KVConnectorBase_V1):
             copied = 0
             try:
                 for j, segs in enumerate(pages):
-                    for layer, seg in enumerate(segs):
-                        engine.write_segment(span.block_ids[j], layer, seg)
+                    engine.write_page(span.block_ids[j], segs)
                     copied = j + 1
                 synchronize()
             except Exception:
                 log.exception("gdskv: copying loaded KV into the engine's blocks failed, the engine recomputes it")
                 copied = 0
             self._report([span], [copied])
+
+    def _load_buffer(self, nbytes: int) -> "np.ndarray":
+        """Host memory for one batch of loads (the loader thread's; its pages are copied
+        into the engine's blocks before the next batch is read into it)."""
+        if self._load_staging.nbytes < nbytes:
+            self._load_staging = np.empty(nbytes, dtype=np.uint8)
+        return self._load_staging[:nbytes]
 
     def _report(self, spans: List[PageSpan], copied: List[int]) -> None:
         """Mark the loads of ``spans`` finished, the blocks past the first ``copied`` of

@@ -46,7 +46,7 @@ tier), then the store's DRAM and SSD (and, through a cluster client, its peers')
   hooks): ``stage_pages(spans)`` reads the stored pages of several spans of keys into host
   staging with one batch read and returns, per span, the segment buffers of its leading
   pages that arrived whole, for the engine to copy from (valid until the next load or
-  stage); ``read_pages(spans)`` does the same into buffers of the caller's own without
+  stage); ``read_pages(spans, buffer)`` does the same into memory of the caller's without
   holding the allocator's lock during the read (a loader thread's asynchronous loads);
   ``reserve_save(keys)`` takes staging slots for the pages not stored yet and
   returns a :class:`~gdskv.engine.saver.Reservation` whose segments the engine fills before
@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -397,17 +397,22 @@ class OffloadingAllocator:
             segs, ok, from_queue = self._stage([k for keys in leading for k in keys])
             return self._whole_leading(leading, segs, ok, from_queue)
 
-    def read_pages(self, spans: Sequence[Sequence[bytes]]) -> List[List[List[np.ndarray]]]:
+    def read_pages(
+        self, spans: Sequence[Sequence[bytes]], buffer: Optional[Callable[[int], np.ndarray]] = None
+    ) -> List[List[List[np.ndarray]]]:
         """:meth:`stage_pages` for a loader thread beside the engine's: the pages are read
-        into buffers of their own (the caller keeps them), and the allocator's lock is not
-        held while the store reads, so that the engine's calls (lookups, saves) never wait
-        for a slow load. A closed allocator raises StoreClosedError."""
+        into memory of the caller's (``buffer(nbytes)``: a uint8 array of at least that
+        many bytes, which a loader reuses from one load to the next; default: a new one),
+        and the allocator's lock is not held while the store reads, so that the engine's
+        calls (lookups, saves) never wait for a slow load. A closed allocator raises
+        StoreClosedError."""
         spans = [_key_list(keys) for keys in spans]
         self._check_open()
         leading = self._leading_stored(spans)
         flat = [k for keys in leading for k in keys]
         lay = self.layout
-        segs, ok, from_queue = self._stage(flat, np.empty(len(flat) * lay.num_segments * lay.segment_nbytes, dtype=np.uint8))
+        nbytes = len(flat) * lay.num_segments * lay.segment_nbytes
+        segs, ok, from_queue = self._stage(flat, buffer(nbytes) if buffer is not None else np.empty(nbytes, dtype=np.uint8))
         with self._lock:
             return self._whole_leading(leading, segs, ok, from_queue)
 

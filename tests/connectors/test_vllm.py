@@ -363,18 +363,18 @@ def test_a_loader_error_fails_that_load_and_the_loader_goes_on(tmp_path, monkeyp
     try:
         step(worker, GdskvConnectorMetadata(saves=[_span(prompt, [0, 1])]))
         assert worker.flush(10)
-        real = worker._engine.write_segment
+        real = worker._engine.write_page
         calls = []
 
-        def broken(page, layer, src):
+        def broken(page, srcs):
             calls.append(page)
-            if len(calls) == 2:  # the second layer of the first page
+            if len(calls) == 1:  # the first page
                 raise RuntimeError("device lost")
-            real(page, layer, src)
+            real(page, srcs)
 
-        monkeypatch.setattr(worker._engine, "write_segment", broken)
+        monkeypatch.setattr(worker._engine, "write_page", broken)
         assert load(worker, GdskvConnectorMetadata(loads=[_span(prompt, [4, 5])])) == ({"r"}, {4, 5})
-        monkeypatch.setattr(worker.allocator, "read_pages", lambda spans: 1 / 0)
+        monkeypatch.setattr(worker.allocator, "read_pages", lambda spans, buffer=None: 1 / 0)
         assert load(worker, GdskvConnectorMetadata(loads=[PageSpan("q", prompt, [6, 7], 0)])) == ({"q"}, {6, 7})
         monkeypatch.undo()
         assert load(worker, GdskvConnectorMetadata(loads=[PageSpan("s", prompt, [8, 9], 0)])) == ({"s"}, set())
