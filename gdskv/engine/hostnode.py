@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 
 from gdskv.errors import ConfigError, NodeUnavailableError
 
@@ -50,29 +50,19 @@ LOG_NAME = "node.log"
 _BACKOFF_S = (1.0, 60.0)
 
 
-#: StoreConfig flags a node takes from the environment (``--set`` passes no booleans).
-_FLAG_ENV = {"direct_io": "GDSKV_DIRECT_IO", "dram_huge_pages": "GDSKV_DRAM_HUGE_PAGES"}
-
-
-def node_options(store_options: Mapping[str, Any]) -> Tuple[List[str], Dict[str, str]]:
-    """``(argv, environment)`` that give a node started by this process ``store_options``:
-    ``--set field=value`` for numbers and strings, ``GDSKV_*`` variables for the flags that
-    have one. ConfigError for a value neither can carry."""
+def node_options(store_options: Mapping[str, Any]) -> List[str]:
+    """The ``--set field=value`` arguments that give a node started by this process
+    ``store_options`` (numbers, strings, booleans as true/false). ConfigError for a value
+    a command line cannot carry."""
     argv: List[str] = []
-    env: Dict[str, str] = {}
     for name, value in store_options.items():
         if isinstance(value, bool):
-            if name not in _FLAG_ENV:
-                raise ConfigError(
-                    "this flag cannot be passed to a node started by the engine: start the node yourself (mode 'node')",
-                    field=name, got=value,
-                )
-            env[_FLAG_ENV[name]] = "1" if value else "0"
+            argv += ["--set", f"{name}={'true' if value else 'false'}"]
         elif isinstance(value, (int, float, str)):
             argv += ["--set", f"{name}={value}"]
         else:
             raise ConfigError("store option values must be numbers, strings or booleans", field=name, got=type(value).__name__)
-    return argv, env
+    return argv
 
 
 class NodeLink:
@@ -125,7 +115,7 @@ class NodeLink:
     def argv(self) -> List[str]:
         """The command line of the node this process would start."""
         cfg = self.cfg
-        sets, _ = node_options(cfg.store_options)
+        sets = node_options(cfg.store_options)
         argv = [
             sys.executable, "-m", "gdskv.node", "--socket", self.socket, "--dram", str(cfg.dram_bytes),
             "--ssd", f"{os.path.abspath(cfg.path)}:{cfg.ssd_bytes}", "--exit-when-idle", str(IDLE_EXIT_S), *sets,
@@ -140,7 +130,6 @@ class NodeLink:
         it exits or times out first)."""
         cfg = self.cfg
         argv = self.argv()
-        _, env_extra = node_options(cfg.store_options)
         store_dir = Path(os.path.abspath(cfg.path))
         try:
             store_dir.mkdir(parents=True, exist_ok=True)
@@ -154,7 +143,7 @@ class NodeLink:
             try:
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
-                    cwd="/", env={**os.environ, **env_extra},
+                    cwd="/",
                 )
             except OSError as exc:
                 raise NodeUnavailableError(f"cannot start a node: {exc}", socket=self.socket) from None

@@ -40,13 +40,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from gdskv.engine.hostnode import node_options
 from gdskv.errors import ConfigError
 from gdskv.ttft import report as ttft_report
 from gdskv.ttft.measure import banner, disk_read_bytes, drop_page_cache, round_figures
 from gdskv.ttft.report import HIT_RATE_TOLERANCE, TtftReport
 from gdskv.ttft.run_vllm import BLOCK_MULTIPLE, _Remote, _VllmRun
 from gdskv.ttft.vllm_engine import model_shape, write_model
-from gdskv.ttft.workload import Plan, TtftConfig, Workload, plan, store_options
+from gdskv.ttft.workload import TtftConfig, Workload, plan, store_options
 
 #: The setups, in the order they run and are plotted.
 SETUPS = ("device", "separate", "shared")
@@ -83,7 +84,6 @@ def run(
         f"per instance: DRAM {info['dram']}, SSD {info['ssd']} (separate: embedded; shared: a gdskv-node each, "
         "one gdskv-master on loopback)"
     )
-    total = len(setups) * cfg.rounds * cfg.conversations
     longest = Workload.prompt_tokens(cfg, cfg.rounds) + 1
     max_len = -(-longest // cfg.page_size) * cfg.page_size
     with tempfile.TemporaryDirectory(prefix="gdskv-ttft-inst-", dir=cfg.store_dir) as tmp_name:
@@ -351,10 +351,7 @@ def _start_cluster(daemons: List[_Daemon], tmp: Path, instances: int, options: D
     master = _Daemon("gdskv.master", ["--listen", "127.0.0.1:0"], tmp / "master.log")
     daemons.append(master)
     address = master.wait_events("listening")["listening"]["address"]
-    sets: List[str] = []
-    for key, value in options.items():
-        if key not in ("dram", "ssd"):
-            sets += ["--set", f"{key}={value}"]
+    sets = node_options({key: value for key, value in options.items() if key not in ("dram", "ssd")})
     sockets: List[Optional[str]] = []
     for k in range(instances):
         ssd_dir = tmp / "shared" / f"i{k}"

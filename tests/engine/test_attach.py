@@ -41,7 +41,6 @@ def test_options_from_an_extra_config_mapping(tmp_path):
         ({"path": "x", "model_id": ""}, "model_id"),
         ({"path": "x", "store_options": 3}, "store_options"),
         ({"path": "x", "store_options": {"colour": "red"}}, "unknown store option"),
-        ({"path": "x", "store_options": {"hbm_promote": False}}, "start the node yourself"),
         ({"path": "x", "store_options": {"eviction": ["lru"]}}, "numbers, strings or booleans"),
         ({"path": "x", "mode": "shared"}, "unknown gdskv mode"),
         ({"path": "x", "master": "h:1"}, "mode 'cluster'"),
@@ -59,12 +58,16 @@ def test_bad_options_are_config_errors(mapping, match):
         AttachConfig.from_mapping(mapping)
 
 
-def test_options_a_node_cannot_take_on_its_command_line_are_refused_only_where_one_is_started():
-    flags = {"hbm_promote": False}
-    assert AttachConfig(path="x", mode="embedded", store_options=flags).store_options == flags
-    assert AttachConfig(path="x", mode="node", store_options=flags).store_options == flags  # the node's own options apply
-    with pytest.raises(ConfigError, match="hbm_promote"):
-        AttachConfig(path="x", mode="cluster", master="h:1", store_options=flags)
+def test_flags_reach_a_node_started_for_the_engine_on_its_command_line():
+    from gdskv.engine.hostnode import NodeLink
+    from gdskv.node.cli import parse_sets
+
+    flags = {"hbm_promote": False, "dram_huge_pages": True}
+    cfg = AttachConfig(path="x", mode="cluster", master="h:1", store_options=flags)
+    argv = NodeLink(cfg).argv()
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    assert sets == ["hbm_promote=false", "dram_huge_pages=true"]
+    assert parse_sets(sets) == flags  # what the node makes of them
 
 
 def test_one_store_per_directory_and_process(tmp_path):

@@ -227,8 +227,7 @@ def test_the_node_started_for_auto_mode_gets_the_store_options():
     argv = NodeLink(cfg).argv()
     assert argv[:3] == [sys.executable, "-m", "gdskv.node"]
     assert argv[3:] == ["--socket", "/tmp/kv/node.sock", "--dram", str(8 * MiB), "--ssd", "/tmp/kv:0",
-                        "--exit-when-idle", "30", "--set", "bucket_bytes=1048576"]
-    assert hostnode.node_options(cfg.store_options)[1] == {"GDSKV_DIRECT_IO": "0"}
+                        "--exit-when-idle", "30", "--set", "bucket_bytes=1048576", "--set", "direct_io=false"]
 
 
 STARTER = textwrap.dedent("""
